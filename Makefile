@@ -1,0 +1,27 @@
+# The two commands of the README: `make image` builds, `make test` runs every test. Both set up first.
+SHELL := /bin/bash
+VENV ?= $(HOME)/.cache/sparkseal/venv
+PYTEST_ARGS ?=
+
+.PHONY: setup image wheel test lint gpu-test
+
+setup:
+	@.ci/setup
+
+# The main job. Until the OCI image target lands, this builds the patched vLLM wheel for GB10.
+image: setup
+	bazel build //:vllm_wheel
+
+wheel: setup
+	bazel build //third_party/vllm:wheel_linux_aarch64 //third_party/vllm:wheel_linux_x86_64
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: setup
+	$(VENV)/bin/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# On a machine with an NVIDIA GPU.
+gpu-test: setup
+	$(VENV)/bin/python -m pytest -m gpu $(PYTEST_ARGS)

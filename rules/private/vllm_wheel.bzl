@@ -1,0 +1,43 @@
+"""`vllm_wheel`: the upstream wheel's compiled files + our patched tree, repacked deterministically."""
+
+load(":common.bzl", "ACTION_ENV", "tool")
+
+def _vllm_wheel_impl(ctx):
+    wheel = ctx.actions.declare_file("%s/%s" % (ctx.label.name, ctx.attr.filename))
+    report = ctx.actions.declare_file("%s/report.json" % ctx.label.name)
+    args = ctx.actions.args()
+    args.add("--upstream", ctx.file.upstream.path)
+    args.add("--pristine", ctx.file.pristine.path)
+    args.add("--patched", ctx.file.patched.path)
+    args.add("--commit", ctx.attr.commit)
+    for patch in ctx.files.patches:
+        args.add("--patch", patch)
+    args.add("--out", wheel)
+    args.add("--report", report)
+    ctx.actions.run(
+        executable = ctx.executable._repack,
+        arguments = [args],
+        inputs = [ctx.file.upstream, ctx.file.pristine, ctx.file.patched] + ctx.files.patches,
+        outputs = [wheel, report],
+        env = ACTION_ENV,
+        mnemonic = "VllmRepack",
+        progress_message = "Repacking %s with the patched tree" % ctx.attr.filename,
+    )
+    return [
+        DefaultInfo(files = depset([wheel])),
+        OutputGroupInfo(report = depset([report])),
+    ]
+
+vllm_wheel = rule(
+    implementation = _vllm_wheel_impl,
+    doc = "Our vLLM wheel: upstream compiled files + the patched, overlaid Python tree.",
+    attrs = {
+        "upstream": attr.label(mandatory = True, allow_single_file = [".whl"]),
+        "filename": attr.string(mandatory = True, doc = "Output wheel file name (the upstream one)."),
+        "pristine": attr.label(mandatory = True, allow_single_file = True),
+        "patched": attr.label(mandatory = True, allow_single_file = True),
+        "commit": attr.string(mandatory = True),
+        "patches": attr.label_list(allow_files = [".patch"]),
+        "_repack": tool("//sparkseal/build:repack_wheel"),
+    },
+)

@@ -1,0 +1,1 @@
+"""Build-action programs: each module with a ``main`` is one Bazel action."""

@@ -1,0 +1,42 @@
+"""Copying and listing of source trees inside build actions (regular files only, normalised modes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from sparkseal.determinism import EXEC_MODE, FILE_MODE
+
+
+def normalised_mode(mode: int) -> int:
+    """Map any permission bits to the two modes our outputs use."""
+    return EXEC_MODE if mode & 0o111 else FILE_MODE
+
+
+def list_files(root: Path) -> list[str]:
+    """Return the sorted POSIX paths of the files under ``root``; fail on anything else.
+
+    Input trees are read through the sandbox, which presents each file as a symlink to the real one, so
+    links to regular files are followed here. Trees we write never contain links: the unpack, patch and
+    overlay steps refuse to create them, and ``copy_tree`` writes plain files.
+    """
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in filenames:
+            path = Path(dirpath) / name
+            if not path.is_file():
+                raise ValueError(f"{path}: not a regular file")
+            found.append(path.relative_to(root).as_posix())
+    return sorted(found)
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy the regular files of ``src`` into ``dst`` with writable, normalised modes."""
+    for rel in list_files(src):
+        source = src / rel
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        os.chmod(target, normalised_mode(source.stat().st_mode))

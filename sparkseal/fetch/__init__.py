@@ -1,0 +1,1 @@
+"""Repository-rule helpers: index lookup and lock writers (standard library only)."""

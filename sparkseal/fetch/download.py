@@ -1,0 +1,57 @@
+"""Download a file listed by the index into a directory, verifying its sha256 (standard library only)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from sparkseal.fetch.index import TIMEOUT_S, FetchError, IndexFile
+
+_CHUNK = 1 << 20
+
+
+def sha256_of(path: Path) -> str:
+    """Return the hex sha256 of the file at ``path``."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download(file: IndexFile, directory: Path) -> tuple[Path, str, bool]:
+    """Fetch ``file`` into ``directory`` and return ``(path, sha256, reused)``.
+
+    A file already in ``directory`` is reused only when the index lists a sha256 and the file has it.
+    A download whose sha256 differs from the listed one is deleted and reported; the final file appears
+    under its name only once complete and verified.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / file.filename
+    if file.sha256 is not None and target.is_file() and sha256_of(target) == file.sha256:
+        return target, file.sha256, True
+    fd, part_name = tempfile.mkstemp(dir=directory, prefix=f".{file.filename}.", suffix=".part")
+    part = Path(part_name)
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(file.url, timeout=TIMEOUT_S) as response:
+            while chunk := response.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+        actual = digest.hexdigest()
+        if file.sha256 is not None and actual != file.sha256:
+            raise FetchError(
+                f"{file.filename}: downloaded from {file.url} has sha256 {actual}, "
+                f"but the index {file.page_url} lists {file.sha256}"
+            )
+        os.replace(part, target)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = exc.reason if type(exc) is urllib.error.URLError else exc
+        raise FetchError(f"{file.filename}: cannot download {file.url}: {reason}") from exc
+    finally:
+        part.unlink(missing_ok=True)
+    return target, actual, False

@@ -1,0 +1,236 @@
+"""Write ``third_party/vllm/vllm.lock.json`` for a vLLM release and check the patch series against it.
+
+The lock names the release's sdist and its two manylinux wheels with the sha256 the index lists, and the
+commit recorded in the sdist's ``vllm/_version.py``. Only the sdist is downloaded (its hash is computed and
+compared with the index's); the wheels are locked by the hash the index lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkseal.build.commit import CommitMismatch, check_commit, commit_id_from_version_file
+from sparkseal.build.patchset import PatchError, apply_patch, read_series
+from sparkseal.build.unpack_sdist import SdistError, unpack
+from sparkseal.determinism import FILE_MODE
+from sparkseal.fetch.download import download
+from sparkseal.fetch.index import FetchError, IndexFile, ProjectPage, list_files, normalize_name
+
+PROJECT = "vllm"
+# Lock key (wheel-tag style platform name) -> the machine part of a manylinux platform tag.
+PLATFORMS = {"linux_aarch64": "aarch64", "linux_x86_64": "x86_64"}
+FULL_COMMIT_LEN = 40
+
+
+class LockError(Exception):
+    """The release on the index, or the existing lock, does not allow writing a lock."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """The files of one vLLM release that the lock names."""
+
+    sdist: IndexFile
+    wheels: dict[str, IndexFile]
+
+
+def _wheel_parts(filename: str) -> list[str] | None:
+    parts = filename[: -len(".whl")].split("-") if filename.endswith(".whl") else []
+    return parts if len(parts) in (5, 6) else None
+
+
+def select_release(page: ProjectPage, version: str) -> Release:
+    """Pick the sdist and the one manylinux wheel per platform of ``version`` from ``page``."""
+    sdist_name = f"{PROJECT}-{version}.tar.gz"
+    wheels = []
+    sdist = None
+    for file in page.files:
+        parts = _wheel_parts(file.filename)
+        if parts and normalize_name(parts[0]) == PROJECT and parts[1] == version:
+            wheels.append((file, parts[-1].split(".")))
+        elif file.filename == sdist_name:
+            sdist = file
+    release_files = [f.filename for f, _ in wheels] + ([sdist_name] if sdist else [])
+    found = ", ".join(release_files) or "none"
+    if sdist is None:
+        raise LockError(
+            f"{PROJECT} {version}: {sdist_name} is not listed on {page.url} (files of {version}: {found})"
+        )
+    chosen = {}
+    for platform, machine in PLATFORMS.items():
+        tag = re.compile(rf"manylinux(?:1|2010|2014|_\d+_\d+)_{machine}")
+        matches = [f for f, tags in wheels if any(tag.fullmatch(t) for t in tags)]
+        if len(matches) != 1:
+            names = ", ".join(f.filename for f in matches) or "none"
+            raise LockError(
+                f"{PROJECT} {version}: expected exactly one manylinux {machine} wheel on {page.url}, "
+                f"found {len(matches)} ({names}); files of {version}: {found}"
+            )
+        chosen[platform] = matches[0]
+    return Release(sdist=sdist, wheels=chosen)
+
+
+def read_version_file(sdist: Path, top: str) -> tuple[str, str]:
+    """Return ``(member name, text)`` of ``<top>/vllm/_version.py`` in the sdist tarball."""
+    name = f"{top}/{PROJECT}/_version.py"
+    try:
+        with tarfile.open(sdist, "r:*") as tar:
+            source = tar.extractfile(name)
+            if source is None:
+                raise LockError(f"{sdist}: {name} is not a regular file")
+            with source:
+                return name, source.read().decode("utf-8")
+    except KeyError as exc:
+        raise LockError(f"{sdist}: {name} is missing") from exc
+    except (tarfile.TarError, UnicodeDecodeError) as exc:
+        raise LockError(f"{sdist}: cannot read {name}: {exc}") from exc
+
+
+def choose_commit(sdist_id: str, old_lock: dict[str, Any] | None, version: str) -> tuple[str, list[str]]:
+    """Return the commit to lock and notes about it.
+
+    The existing lock's commit is kept when it is for the same version and names the same commit as the
+    sdist's (usually abbreviated) id, so that re-locking a release reproduces the file.
+    """
+    notes = []
+    old_commit = (old_lock or {}).get("commit")
+    commit = sdist_id
+    if old_lock and old_lock.get("version") == version and isinstance(old_commit, str):
+        try:
+            check_commit(sdist_id, old_commit, "the existing lock")
+        except CommitMismatch as exc:
+            notes.append(f"{exc}; writing the sdist's commit id {sdist_id}")
+        else:
+            commit = max(sdist_id, old_commit, key=len)
+    if len(commit) < FULL_COMMIT_LEN:
+        notes.append(
+            f"commit {commit} is abbreviated (as recorded in {PROJECT}/_version.py); "
+            f"replace it with the full commit of the v{version} tag"
+        )
+    return commit, notes
+
+
+def render_lock(version: str, commit: str, release: Release, sdist_sha256: str) -> str:
+    """Return the lock file's text."""
+    lock = {
+        "commit": commit,
+        "name": PROJECT,
+        "sdist": {"filename": release.sdist.filename, "sha256": sdist_sha256},
+        "version": version,
+        "wheels": {
+            platform: {"filename": file.filename, "sha256": file.sha256}
+            for platform, file in release.wheels.items()
+        },
+    }
+    return json.dumps(lock, indent=2, sort_keys=True) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that no reader ever sees a half-written file."""
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+        temp.chmod(FILE_MODE)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def read_old_lock(path: Path) -> dict[str, Any] | None:
+    """Return the existing lock at ``path``, or None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LockError(f"{path}: cannot read the existing lock: {exc}") from exc
+    if not isinstance(lock, dict):
+        raise LockError(f"{path}: the existing lock is a {type(lock).__name__}, expected a JSON object")
+    return lock
+
+
+def changed_hashes(old_lock: dict[str, Any] | None, new_text: str) -> list[str]:
+    """Return one line per file that both locks name with different sha256 (the index replaced a file)."""
+    if not old_lock:
+        return []
+    new_lock = json.loads(new_text)
+
+    def entries(lock: dict[str, Any]) -> dict[str, str]:
+        items = [lock.get("sdist"), *(lock.get("wheels") or {}).values()]
+        return {e["filename"]: e["sha256"] for e in items if isinstance(e, dict) and "filename" in e}
+
+    old, new = entries(old_lock), entries(new_lock)
+    return [
+        f"{name}: the existing lock has sha256 {old[name]}, the index now lists {new[name]}"
+        for name in sorted(old.keys() & new.keys())
+        if old[name] != new[name]
+    ]
+
+
+def check_series(series: Path, tree: Path) -> list[tuple[str, str | None]]:
+    """Apply the patches of ``series`` to ``tree`` in order; return ``(patch name, error or None)`` each."""
+    results: list[tuple[str, str | None]] = []
+    for patch in read_series(series):
+        try:
+            apply_patch(tree, patch)
+        except PatchError as exc:
+            results.append((patch.name, str(exc)))
+        else:
+            results.append((patch.name, None))
+    return results
+
+
+def lock_vllm(
+    version: str, lock_path: Path, series: Path | None, download_dir: Path, index: str | None = None
+) -> int:
+    """Write the lock for vLLM ``version`` to ``lock_path`` and report the series; return the exit status."""
+    try:
+        old_lock = read_old_lock(lock_path)
+        page = list_files(PROJECT, index)
+        release = select_release(page, version)
+        missing = [f.filename for f in release.wheels.values() if f.sha256 is None]
+        if missing:
+            raise LockError(f"{page.url} lists no sha256 for {', '.join(missing)}")
+        print(f"index page: {page.url}")
+        sdist_path, sdist_sha256, reused = download(release.sdist, download_dir)
+        how = f"reused {sdist_path}" if reused else f"downloaded to {sdist_path}"
+        listed = "" if release.sdist.sha256 else "; the index lists no sha256, this one is computed"
+        print(f"sdist {release.sdist.filename} sha256 {sdist_sha256} ({how}{listed})")
+        for platform, file in release.wheels.items():
+            print(f"wheel {platform} {file.filename} sha256 {file.sha256}")
+        top = f"{PROJECT}-{version}"
+        version_file, version_text = read_version_file(sdist_path, top)
+        sdist_id = commit_id_from_version_file(version_text, version_file)
+        commit, notes = choose_commit(sdist_id, old_lock, version)
+        text = render_lock(version, commit, release, sdist_sha256)
+        changed = changed_hashes(old_lock, text)
+        write_atomically(lock_path, text)
+        print(f"commit {commit} ({version_file} records {sdist_id})")
+        for note in notes:
+            print(f"note: {note}")
+        print(f"wrote {lock_path}")
+        for line in changed:
+            print(f"sparkseal: {line}", file=sys.stderr)
+        status = 1 if changed else 0
+        if series is None:
+            return status
+        with tempfile.TemporaryDirectory(prefix="sparkseal-lock-") as tree:
+            unpack(sdist_path, Path(tree), version, commit)
+            results = check_series(series, Path(tree))
+    except (FetchError, LockError, CommitMismatch, SdistError, PatchError, OSError) as exc:
+        print(f"sparkseal: {exc}", file=sys.stderr)
+        return 1
+    print(f"patch series {series} against {release.sdist.filename}:")
+    for name, error in results:
+        print(f"{name}: applies" if error is None else f"{name}: does not apply: {error}")
+    return 1 if status or any(error for _, error in results) else 0

@@ -1,0 +1,1 @@
+"""Run-time pieces: kernel bindings, module verification, the vLLM plugin (torch/vllm at run time only)."""

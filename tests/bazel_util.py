@@ -1,0 +1,127 @@
+"""Running Bazel from tests: real workspace builds and small fixture workspaces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BAZEL = shutil.which("bazel")
+
+# What a fixture workspace copies from the real repository: the rules, the action programs and the
+# offline stand-ins; locks, patches and overlay are the fixture's own.
+FIXTURE_COPIES = (
+    "rules",
+    "sparkseal",
+    "third_party/bazel",
+    "third_party/vllm/BUILD",
+    "patches/vllm/BUILD",
+    "overlay/vllm/BUILD",
+    "BUILD",
+)
+
+FIXTURE_WORKSPACE = """\
+workspace(name = "sparkseal")
+
+local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
+local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
+local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
+register_toolchains("//third_party/bazel/python:python3_toolchain")
+
+load("//rules:defs.bzl", "patch_series", "vllm_lock")
+
+vllm_lock(name = "vllm_lock", lock = "//third_party/vllm:vllm.lock.json")
+
+load("@vllm_lock//:repositories.bzl", "vllm_repositories")
+
+vllm_repositories()
+
+patch_series(name = "vllm_patches", series = "//patches/vllm:series")
+"""
+
+
+@dataclass
+class BazelResult:
+    """Exit code and combined output of one Bazel command."""
+
+    returncode: int
+    output: str
+
+
+@dataclass
+class Workspace:
+    """A Bazel workspace with its own output base and repository cache."""
+
+    root: Path
+    output_base: Path
+    repository_cache: Path
+    env: dict[str, str]
+
+    def bazel(self, *args: str, timeout: float = 900) -> BazelResult:
+        """Run ``bazel --output_base=... <args>`` in the workspace and return its output."""
+        assert BAZEL is not None, "bazel is not installed (run make setup)"
+        command = [
+            BAZEL,
+            f"--output_base={self.output_base}",
+            "--max_idle_secs=30",
+            *args[:1],
+            f"--repository_cache={self.repository_cache}",
+            *args[1:],
+        ]
+        proc = subprocess.run(
+            command,
+            cwd=self.root,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return BazelResult(proc.returncode, proc.stdout)
+
+    def bin_path(self, rel: str) -> Path:
+        """Path of an output under this workspace's bazel-bin."""
+        out = self.bazel("info", "bazel-bin")
+        assert out.returncode == 0, out.output
+        return Path(out.output.strip().splitlines()[-1]) / rel
+
+    def shutdown(self) -> None:
+        """Stop this workspace's Bazel server."""
+        if BAZEL and self.output_base.exists():
+            subprocess.run(
+                [BAZEL, f"--output_base={self.output_base}", "shutdown"],
+                cwd=self.root,
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=120,
+                check=False,
+            )
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """The environment for Bazel in tests: the caller's, minus Bazel-affecting variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BAZEL", "TEST_", "PYTEST"))}
+    env.update(extra)
+    return env
+
+
+def make_fixture_workspace(root: Path) -> None:
+    """Copy the rules and action programs into ``root`` and write a fixture WORKSPACE and .bazelrc."""
+    for rel in FIXTURE_COPIES:
+        source = REPO / rel
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copyfile(source, target)
+    (root / "WORKSPACE").write_text(FIXTURE_WORKSPACE)
+    rc = (REPO / ".bazelrc").read_text()
+    (root / ".bazelrc").write_text(
+        "\n".join(line for line in rc.splitlines() if "repository_cache" not in line)
+    )

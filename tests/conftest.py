@@ -1,0 +1,71 @@
+"""Shared pytest fixtures: the real vLLM trees built by Bazel, and GPU detection."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+
+CACHE = Path.home() / ".cache" / "sparkseal"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Without a GPU, Triton runs kernels in its interpreter.
+
+    Triton reads TRITON_INTERPRET once, when it is first imported (torch's custom-op machinery may import it
+    early), so the choice is made here, before any test module loads, for the whole session.
+    """
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _real_workspace() -> Workspace:
+    # One output base per checkout path, beside (not inside) the developer's own default one.
+    key = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+    return Workspace(
+        root=REPO,
+        output_base=CACHE / "test-output-base" / key,
+        repository_cache=CACHE / "repository",
+        env=base_env(),
+    )
+
+
+@pytest.fixture(scope="session")
+def real_workspace() -> Iterator[Workspace]:
+    """The repository itself as a Bazel workspace (downloads the locked vLLM artifacts once)."""
+    if BAZEL is None:
+        pytest.fail("bazel is not installed: run `make setup`")
+    workspace = _real_workspace()
+    yield workspace
+    workspace.shutdown()
+
+
+def _tree(request: pytest.FixtureRequest, env_name: str, target: str) -> Path:
+    override = os.environ.get(env_name)
+    if override:
+        return Path(override)
+    workspace: Workspace = request.getfixturevalue("real_workspace")
+    result = workspace.bazel("build", f"//third_party/vllm:{target}")
+    assert result.returncode == 0, result.output
+    return workspace.bin_path(f"third_party/vllm/{target}")
+
+
+@pytest.fixture(scope="session")
+def pristine_vllm_tree(request: pytest.FixtureRequest) -> Path:
+    """The locked sdist's vllm/ tree (``$SPARKSEAL_PRISTINE_TREE`` overrides the Bazel build)."""
+    return _tree(request, "SPARKSEAL_PRISTINE_TREE", "pristine_tree")
+
+
+@pytest.fixture(scope="session")
+def patched_vllm_tree(request: pytest.FixtureRequest) -> Path:
+    """The patched and overlaid vllm/ tree (``$SPARKSEAL_PATCHED_TREE`` overrides the Bazel build)."""
+    return _tree(request, "SPARKSEAL_PATCHED_TREE", "patched_tree")

@@ -1,0 +1,159 @@
+"""A loopback package index speaking the PEP 691 JSON simple API, for tests.
+
+    with FixtureIndex({"pkg-1.0.tar.gz": b"...", "pkg-1.0-py3-none-any.whl": b"..."}) as idx:
+        idx.url                      # http://127.0.0.1:PORT/simple
+        idx.requests["/simple/pkg/"] # how often a path was requested
+
+Project pages live at ``/simple/<normalised project>/`` and list each file with ``hashes.sha256`` and a
+relative URL (``absolute_urls=True`` lists absolute ones); files are served from ``/packages/<filename>``.
+Knobs for failure tests:
+
+- ``listed_sha256_override``: filename -> sha256 to list instead of the true one (``None``: list no hash);
+- ``unlisted``: filenames served under ``/packages/`` but left off their project page;
+- ``served_bytes_override``: filename -> bytes served instead of the listed content (a corrupt download);
+- ``json_pages=False``: pages answer HTML (as a PEP 503-only index does). A request whose ``Accept``
+  header does not ask for the JSON type gets HTML too.
+
+The server binds 127.0.0.1 on a free port, serves from a thread, and stops when the block ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+
+from sparkseal.fetch.index import JSON_CONTENT_TYPE, project_name
+
+
+class FixtureIndex:
+    """A threaded loopback HTTP server holding a few files and their project pages."""
+
+    def __init__(
+        self,
+        files: Mapping[str, bytes],
+        *,
+        listed_sha256_override: Mapping[str, str | None] | None = None,
+        unlisted: Iterable[str] = (),
+        served_bytes_override: Mapping[str, bytes] | None = None,
+        absolute_urls: bool = False,
+        json_pages: bool = True,
+    ) -> None:
+        self.files = dict(files)
+        self.listed_sha256_override = dict(listed_sha256_override or {})
+        self.unlisted = set(unlisted)
+        self.served_bytes_override = dict(served_bytes_override or {})
+        self.absolute_urls = absolute_urls
+        self.json_pages = json_pages
+        self.requests: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base(self) -> str:
+        """``http://127.0.0.1:PORT`` of the running server."""
+        if self._server is None:
+            raise RuntimeError("FixtureIndex is not running; use it as a context manager")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def url(self) -> str:
+        """The index URL (no trailing slash, like pip's default)."""
+        return f"{self.base}/simple"
+
+    def file_url(self, filename: str) -> str:
+        """The absolute download URL of ``filename``."""
+        return f"{self.base}/packages/{filename}"
+
+    def page_url(self, project: str) -> str:
+        """The absolute URL of ``project``'s page."""
+        return f"{self.url}/{project}/"
+
+    def sha256(self, filename: str) -> str:
+        """The true sha256 of ``filename``'s content."""
+        return hashlib.sha256(self.files[filename]).hexdigest()
+
+    def listed_sha256(self, filename: str) -> str | None:
+        """The sha256 the project page lists for ``filename``."""
+        if filename in self.listed_sha256_override:
+            return self.listed_sha256_override[filename]
+        return self.sha256(filename)
+
+    def __enter__(self) -> FixtureIndex:
+        handler = type("Handler", (_Handler,), {"index": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._server is not None and self._thread is not None
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def _count(self, path: str) -> None:
+        with self._lock:
+            self.requests[path] += 1
+
+    def _page_files(self, project: str) -> list[dict[str, object]]:
+        entries = []
+        for filename in sorted(self.files):
+            if filename in self.unlisted or project_name(filename) != project:
+                continue
+            url = self.file_url(filename) if self.absolute_urls else f"../../packages/{filename}"
+            sha256 = self.listed_sha256(filename)
+            entries.append({"filename": filename, "url": url, "hashes": {"sha256": sha256} if sha256 else {}})
+        return entries
+
+    def _projects(self) -> set[str]:
+        return {project_name(filename) for filename in self.files}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    index: FixtureIndex
+
+    def log_message(self, *args: object) -> None:
+        """Keep test output quiet."""
+
+    def do_GET(self) -> None:
+        """Serve a project page or a file."""
+        index = self.index
+        index._count(self.path)
+        parts = self.path.split("?", 1)[0].split("/")
+        # "/simple/<project>/" splits into ["", "simple", project, ""].
+        if len(parts) == 4 and parts[1] == "simple" and parts[3] == "" and parts[2] in index._projects():
+            self._send_page(parts[2])
+        elif len(parts) == 3 and parts[1] == "packages" and parts[2] in index.files:
+            body = index.served_bytes_override.get(parts[2], index.files[parts[2]])
+            self._send(200, "application/octet-stream", body)
+        else:
+            self._send(404, "text/plain", b"not found\n")
+
+    def _send_page(self, project: str) -> None:
+        files = self.index._page_files(project)
+        if self.index.json_pages and JSON_CONTENT_TYPE in self.headers.get("Accept", ""):
+            page = {"meta": {"api-version": "1.0"}, "name": project, "files": files}
+            self._send(200, JSON_CONTENT_TYPE, json.dumps(page).encode())
+            return
+        anchors = "".join(
+            f'<a href="{html.escape(str(f["url"]))}">{html.escape(str(f["filename"]))}</a>\n' for f in files
+        )
+        self._send(200, "text/html", f"<!DOCTYPE html>\n<html><body>\n{anchors}</body></html>\n".encode())
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
