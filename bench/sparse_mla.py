@@ -1,0 +1,286 @@
+"""Benchmark of the sparse-MLA decode kernel: TFLOP/s and GB/s against the roofline and PyTorch.
+
+    SPARKSEAL_KERNELS_LIB=/path/to/libsparkseal_kernels.so python bench/sparse_mla.py
+
+For each decode shape (batch x heads x topk x cache layout) the kernel is captured in a CUDA
+graph, 20 calls per graph over rotating index sets that address disjoint cache rows (so that the
+rows of consecutive calls do not sit in L2), and timed by graph replay with CUDA events (median of
+5 replays). The baseline is PyTorch gathering the selected bf16 rows and running einsum + softmax,
+timed the same way. The roofline uses a device copy bandwidth and a bf16 matrix-product rate
+measured in the same run. A markdown table goes to bench/results/sparse_mla.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparkseal.runtime import sparse_mla
+from sparkseal.runtime.sparse_mla_ref import LAYOUTS, PAGE_SIZE, V_DIM, Layout, random_cache
+
+CALLS_PER_GRAPH = 20
+REPLAYS = 5
+CACHE_SLOTS = 8192 * PAGE_SIZE  # 524288 rows: 306 MB (V4), 344 MB (V3.2 fp8), 604 MB (bf16)
+
+
+@dataclasses.dataclass
+class Row:
+    layout: str
+    batch: int
+    heads: int
+    topk: int
+    us: float
+    tflops: float
+    gbps: float
+    roofline_pct: float
+    bound: str
+    base_us: float | None
+    plan: str
+
+
+def _time_graph(fn: Callable[[int], object], rotations: int) -> float:
+    """Median seconds of one call of ``fn(i)``, from graph replays of CALLS_PER_GRAPH calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(min(rotations, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS_PER_GRAPH):
+            fn(i % rotations)
+    graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3 / CALLS_PER_GRAPH)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def measure_ceilings() -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s) of the current GPU."""
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    src.random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    stop.record()
+    stop.synchronize()
+    bandwidth = 2 * src.numel() * 10 / (start.elapsed_time(stop) / 1e3)
+    del src, dst
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start.record()
+    for _ in range(10):
+        a @ b
+    stop.record()
+    stop.synchronize()
+    flops = 2 * n**3 * 10 / (start.elapsed_time(stop) / 1e3)
+    return bandwidth, flops
+
+
+def _index_sets(batch: int, topk: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """Index tensors over disjoint random slices of the cache (as many as fit, at most 20)."""
+    per_call = batch * topk
+    sets = max(1, min(CALLS_PER_GRAPH, CACHE_SLOTS // per_call))
+    perm = torch.randperm(CACHE_SLOTS, generator=gen, device="cuda").to(torch.int32)
+    if per_call > CACHE_SLOTS:
+        perm = perm.repeat((per_call + CACHE_SLOTS - 1) // CACHE_SLOTS)
+    return [perm[i * per_call : (i + 1) * per_call].view(batch, topk) for i in range(sets)]
+
+
+def bench_baseline(bf16_rows: torch.Tensor, batch: int, heads: int, topk: int, gen: torch.Generator) -> float:
+    """Microseconds of the PyTorch gather + einsum decode on bf16 rows ``[slots, 576]``."""
+    q = torch.randn(batch, heads, bf16_rows.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
+    index_sets = [idx.long() for idx in _index_sets(batch, topk, gen)]
+    scale = bf16_rows.shape[1] ** -0.5
+
+    def baseline(i: int) -> object:
+        rows = bf16_rows[index_sets[i]]  # [B, topk, 576]
+        scores = torch.einsum("bhd,bkd->bhk", q, rows).float() * scale
+        probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+        return torch.einsum("bhk,bkd->bhd", probs, rows[..., :V_DIM])
+
+    return _time_graph(baseline, len(index_sets)) * 1e6
+
+
+def bench_shape(
+    layout: Layout,
+    cache: torch.Tensor,
+    batch: int,
+    heads: int,
+    topk: int,
+    ceilings: tuple[float, float],
+    gen: torch.Generator,
+    base_us: float | None,
+    max_smem: int = 0,
+) -> Row:
+    """Time the kernel on one shape."""
+    q = torch.randn(batch, heads, layout.q_dim, device="cuda", generator=gen).to(torch.bfloat16)
+    index_sets = _index_sets(batch, topk, gen)
+    scale = layout.q_dim**-0.5
+
+    def kernel(i: int) -> object:
+        return sparse_mla.sparse_mla_decode(
+            q, cache, index_sets[i], softmax_scale=scale, layout=layout.name, max_smem_bytes=max_smem
+        )
+
+    seconds = _time_graph(kernel, len(index_sets))
+    flops = 2.0 * batch * heads * topk * (layout.q_dim + V_DIM)
+    moved = batch * topk * (layout.record_bytes + 4) + batch * heads * (layout.q_dim * 2 + V_DIM * 2 + 4)
+    bandwidth, peak = ceilings
+    floor = max(flops / peak, moved / bandwidth)
+    bound = "memory" if moved / bandwidth >= flops / peak else "compute"
+
+    p = sparse_mla.plan(q, cache, index_sets[0], layout.name, max_smem_bytes=max_smem)
+    plan = (
+        f"{p.heads_per_cta}h x {p.keys_per_tile}k, {p.threads_per_cta} thr, {p.num_splits} split, "
+        f"{p.num_ctas} CTAs"
+    )
+    return Row(
+        layout.name,
+        batch,
+        heads,
+        topk,
+        seconds * 1e6,
+        flops / seconds / 1e12,
+        moved / seconds / 1e9,
+        100.0 * floor / seconds,
+        bound,
+        base_us,
+        plan,
+    )
+
+
+def _markdown(rows: list[Row], ceilings: tuple[float, float], command: str, max_smem: int) -> str:
+    bandwidth, peak = ceilings
+    props = torch.cuda.get_device_properties(0)
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    smem_note = (
+        f"shared memory capped at {max_smem} bytes per CTA"
+        if max_smem
+        else "the device's shared-memory limit"
+    )
+    lines = [
+        "# Sparse-MLA decode benchmark",
+        "",
+        f"- Command: `{command}`",
+        f"- Machine: {props.name}, {props.multi_processor_count} SMs, CUDA {torch.version.cuda}, "
+        f"torch {torch.__version__}",
+        f"- Date: {now}",
+        f"- Ceilings measured in this run: copy {bandwidth / 1e12:.2f} TB/s (read + write), "
+        f"bf16 matmul 8192^3 {peak / 1e12:.0f} TFLOP/s",
+        f"- Time: median of {REPLAYS} CUDA-graph replays of {CALLS_PER_GRAPH} calls over rotating, disjoint "
+        "index sets (random slots of a 524288-row cache).",
+        "- FLOP = 2 x batch x heads x topk x (q width + 512); bytes = the selected cache records + indices + "
+        "q + out + lse. Roofline % = max(FLOP / matmul rate, bytes / copy bandwidth) / time.",
+        f"- Kernel configurations: {smem_note}.",
+        "- Baseline (every row): PyTorch gather of the selected rows of a bf16 (576-wide) cache + einsum + "
+        "float softmax at the same batch, heads and topk, timed the same way.",
+        "",
+        "| layout | batch | heads | topk | µs | TFLOP/s | GB/s | % roofline | bound | baseline µs | speed-up "
+        "| plan |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        base = f"{r.base_us:.1f}" if r.base_us is not None else "-"
+        speedup = f"{r.base_us / r.us:.1f}x" if r.base_us is not None else "-"
+        lines.append(
+            f"| {r.layout} | {r.batch} | {r.heads} | {r.topk} | {r.us:.1f} | {r.tflops:.1f} | {r.gbps:.0f} | "
+            f"{r.roofline_pct:.0f} | {r.bound} | {base} | {speedup} | {r.plan} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write the markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "results" / "sparse_mla.md"
+    )
+    parser.add_argument("--layouts", default="v4_fp8,v32_fp8,v32_bf16")
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--heads", default="16,32,64,128")
+    parser.add_argument("--topks", default="512,2048")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    parser.add_argument(
+        "--max-smem",
+        type=int,
+        default=0,
+        help="cap the kernel's shared memory (101376: the GB10 configurations)",
+    )
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/sparse_mla.py: no CUDA GPU", file=sys.stderr)
+        return 1
+    command = shlex.join(["python", "bench/sparse_mla.py", *(sys.argv[1:] if argv is None else argv)])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ceilings = measure_ceilings()
+    print(
+        f"ceilings: copy {ceilings[0] / 1e12:.2f} TB/s, bf16 matmul {ceilings[1] / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    shapes = [
+        (batch, heads, topk)
+        for topk in map(int, args.topks.split(","))
+        for heads in map(int, args.heads.split(","))
+        for batch in map(int, args.batches.split(","))
+    ]
+    baselines: dict[tuple[int, int, int], float] = {}
+    if not args.no_baseline:
+        bf16 = LAYOUTS["v32_bf16"]
+        bf16_rows = random_cache(bf16, CACHE_SLOTS // PAGE_SIZE, generator=gen, device="cuda").view(
+            -1, bf16.q_dim
+        )
+        for shape in shapes:
+            baselines[shape] = bench_baseline(bf16_rows, *shape, gen)
+            print(
+                f"baseline  B={shape[0]:4d} h={shape[1]:4d} k={shape[2]:5d} {baselines[shape]:9.1f} us",
+                flush=True,
+            )
+        del bf16_rows
+        torch.cuda.empty_cache()
+    rows: list[Row] = []
+    for name in args.layouts.split(","):
+        layout = LAYOUTS[name]
+        cache = random_cache(layout, CACHE_SLOTS // PAGE_SIZE, generator=gen, device="cuda")
+        for shape in shapes:
+            row = bench_shape(layout, cache, *shape, ceilings, gen, baselines.get(shape), args.max_smem)
+            rows.append(row)
+            print(
+                f"{name:9s} B={row.batch:4d} h={row.heads:4d} k={row.topk:5d} {row.us:9.1f} us "
+                f"{row.tflops:6.1f} TFLOP/s {row.gbps:6.0f} GB/s {row.roofline_pct:4.0f}% [{row.plan}]",
+                flush=True,
+            )
+        del cache
+        torch.cuda.empty_cache()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(_markdown(rows, ceilings, command, args.max_smem))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

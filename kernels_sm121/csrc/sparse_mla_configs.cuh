@@ -1,0 +1,46 @@
+// Sparse-MLA decode: the table of compiled kernel configurations (one table per cache layout,
+// defined in sparse_mla_<layout>.cu) and the templates that fill it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "sparse_mla_kernel.cuh"
+
+namespace sparkseal::sparse_mla {
+
+using LaunchFn = cudaError_t (*)(const KernelArgs &args, int grid, cudaStream_t stream);
+
+struct ConfigEntry {
+  int rows;           // heads per CTA
+  int keys_per_tile;  // NT
+  int threads;
+  int smem_bytes;
+  const void *kernel;  // for cudaFuncSetAttribute / occupancy queries
+  LaunchFn launch;
+};
+
+template <int L, int ROWS, int NT, int C, int BUDGET>
+cudaError_t launch_decode(const KernelArgs &args, int grid, cudaStream_t stream) {
+  using Cfg = Config<L, ROWS, NT, C, BUDGET>;
+  sparse_mla_decode_kernel<L, ROWS, NT, C, BUDGET><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <int L, int ROWS, int NT, int C, int BUDGET>
+ConfigEntry make_entry() {
+  using Cfg = Config<L, ROWS, NT, C, BUDGET>;
+  return ConfigEntry{ROWS, NT, Cfg::kThreads, Cfg::kSmem,
+                     reinterpret_cast<const void *>(&sparse_mla_decode_kernel<L, ROWS, NT, C, BUDGET>),
+                     &launch_decode<L, ROWS, NT, C, BUDGET>};
+}
+
+// Tables in order of preference: more heads per CTA first (fewer re-reads of each token's rows),
+// then the large-shared-memory configurations before the small ones.
+extern const ConfigEntry kConfigsV4[];
+extern const int kNumConfigsV4;
+extern const ConfigEntry kConfigsV32Fp8[];
+extern const int kNumConfigsV32Fp8;
+extern const ConfigEntry kConfigsV32Bf16[];
+extern const int kNumConfigsV32Bf16;
+
+}  // namespace sparkseal::sparse_mla

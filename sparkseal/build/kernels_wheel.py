@@ -1,0 +1,202 @@
+"""Action: build the ``sparkseal`` wheel (Python package + ``libsparkseal_kernels.so``), scikit-build-core.
+
+Runs scikit-build-core's PEP 517 ``build_wheel`` in this process, with only the standard library and the
+locked pure-Python wheels (``--python-path``) importable, cmake and ninja from their locked wheels, and nvcc
+from the locked toolkit root. The declared inputs are copied into a fresh source tree first, so nothing
+else on disk can reach the wheel; the process environment is replaced by a fixed one (hermetic ``PATH``,
+``SOURCE_DATE_EPOCH``, the target platform tag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from sparkseal.determinism import EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
+
+PLATFORMS = ("linux_aarch64", "linux_x86_64")
+TOOLCHAIN_FILES = {platform: f"kernels_sm121/cmake/{platform}.cmake" for platform in PLATFORMS}
+# The host compilers (Debian's g++ and g++-aarch64-linux-gnu) and the binutils they call live here.
+SYSTEM_PATH = ("/usr/bin", "/bin")
+# ninja jobs per wheel: a CI machine has 2 cores, and Bazel runs the two platforms' actions side by side.
+BUILD_JOBS = 2
+
+
+class KernelsWheelError(Exception):
+    """The inputs are incomplete or the build produced something other than the expected wheel."""
+
+
+def parse_archs(text: str) -> list[str]:
+    """Split a CUDA architecture list written with ``;`` or ``,`` (``"90a-real,121a-real"``)."""
+    return [part.strip() for part in text.replace(",", ";").split(";") if part.strip()]
+
+
+def stage_sources(inputs: Sequence[str], root: Path) -> None:
+    """Copy each input (a path relative to the current directory) to the same relative path under ``root``."""
+    for rel in sorted(set(inputs)):
+        source = Path(rel)
+        if source.is_absolute() or ".." in source.parts:
+            raise KernelsWheelError(f"--input {rel}: expected a relative path inside the execution root")
+        if not source.is_file():
+            raise KernelsWheelError(
+                f"--input {rel}: expected a regular file, found none at {source.resolve()}"
+            )
+        target = root / source
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        target.chmod(EXEC_MODE if os.access(source, os.X_OK) else FILE_MODE)
+
+
+def build_environment(platform: str, tool_dirs: Sequence[Path], home: Path) -> dict[str, str]:
+    """Return the complete environment of the build: nothing is inherited from the caller."""
+    return {
+        "PATH": os.pathsep.join([*(str(d) for d in tool_dirs), *SYSTEM_PATH]),
+        "HOME": str(home),
+        "TMPDIR": str(home),
+        "LC_ALL": "C.UTF-8",
+        "TZ": "UTC",
+        "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH),
+        "_PYTHON_HOST_PLATFORM": platform,
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(BUILD_JOBS),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def config_settings(
+    source_root: Path, build_dir: Path, platform: str, archs: Sequence[str], cuda_root: Path
+) -> dict[str, str]:
+    """Return scikit-build-core's config settings for one platform and architecture list."""
+    return {
+        "build-dir": str(build_dir),
+        "cmake.define.CMAKE_TOOLCHAIN_FILE": str(source_root / TOOLCHAIN_FILES[platform]),
+        "cmake.define.CMAKE_CUDA_COMPILER": str(cuda_root / "bin" / "nvcc"),
+        "cmake.define.CMAKE_CUDA_ARCHITECTURES": ";".join(archs),
+    }
+
+
+@contextlib.contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (and those of its children: cmake, nvcc) to ``log``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with log.open("wb") as stream:
+            os.dup2(stream.fileno(), 1)
+            os.dup2(stream.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+@contextlib.contextmanager
+def environment_and_cwd(env: dict[str, str], cwd: Path) -> Iterator[None]:
+    """Run the block with exactly ``env`` as the environment and ``cwd`` as the working directory."""
+    saved_env, saved_cwd = dict(os.environ), Path.cwd()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def isolate_sys_path(python_path: Sequence[Path]) -> None:
+    """Make only the standard library and the locked wheels importable (no site or user packages)."""
+    kept = [p for p in sys.path if p and "site-packages" not in p and "dist-packages" not in p]
+    sys.path[:] = [str(p) for p in python_path] + kept
+
+
+def build(args: argparse.Namespace) -> Path:
+    """Build the wheel described by ``args`` and move it to ``args.out``; return that path."""
+    archs = parse_archs(args.cuda_archs)
+    cuda_root = args.cuda_root.resolve()
+    tool_dirs = [cuda_root / "bin", args.cmake.resolve().parent, args.ninja.resolve().parent]
+    for tool in (cuda_root / "bin" / "nvcc", args.cmake, args.ninja):
+        if not os.access(tool, os.X_OK):
+            raise KernelsWheelError(f"{tool}: expected an executable build tool, found none")
+    python_path = [p.resolve() for p in args.python_path]
+    isolate_sys_path(python_path)
+    from scikit_build_core.build import build_wheel
+
+    with tempfile.TemporaryDirectory(prefix="sparkseal-kernels-") as scratch_name:
+        scratch = Path(scratch_name)
+        source_root, build_dir, dist, home = (scratch / d for d in ("src", "build", "dist", "home"))
+        for directory in (source_root, dist, home):
+            directory.mkdir()
+        stage_sources(args.input, source_root)
+        settings = config_settings(source_root, build_dir, args.platform, archs, cuda_root)
+        env = build_environment(args.platform, tool_dirs, home)
+        log = scratch / "build.log"
+        try:
+            with environment_and_cwd(env, source_root), output_to(log):
+                built = build_wheel(str(dist), settings)
+        except (Exception, SystemExit) as exc:
+            output = log.read_text(encoding="utf-8", errors="replace")
+            raise KernelsWheelError(
+                f"{source_root / 'pyproject.toml'}: scikit-build-core failed to build the {args.platform} "
+                f"wheel ({exc!r}); expected {args.out.name}. Its output:\n{output}"
+            ) from exc
+        if built != args.out.name:
+            raise KernelsWheelError(
+                f"{source_root / 'pyproject.toml'}: the build produced {built}, but the target expects "
+                f"{args.out.name} (version or platform tag out of step)"
+            )
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(dist / built, args.out)
+    return args.out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
+    parser.add_argument("--platform", required=True, choices=PLATFORMS, help="wheel platform tag")
+    parser.add_argument(
+        "--cuda-archs",
+        required=True,
+        help="CMAKE_CUDA_ARCHITECTURES, ';' or ',' separated (e.g. 90a-real;121a-real)",
+    )
+    parser.add_argument("--cuda-root", required=True, type=Path, help="assembled CUDA toolkit root")
+    parser.add_argument("--cmake", required=True, type=Path, help="the cmake executable")
+    parser.add_argument("--ninja", required=True, type=Path, help="the ninja executable")
+    parser.add_argument(
+        "--python-path",
+        action="append",
+        default=[],
+        type=Path,
+        help="directory of unpacked locked wheels to import scikit-build-core from",
+    )
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        help="a source file of the wheel, relative to the current directory",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="where to write the wheel")
+    args = parser.parse_args(argv)
+    try:
+        build(args)
+    except KernelsWheelError as exc:
+        print(f"sparkseal: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Write the lock of the kernel toolchain's wheels: CUDA 13.0 compiler parts, cmake, ninja, scikit-build-core.
+
+``python3 -m sparkseal.fetch.lock_wheels`` looks up every pinned wheel on the configured index (PEP 691) and
+writes ``third_party/cuda/toolchain.lock.json``: per project its version and, per platform, the exact wheel
+filename and sha256. ``--check`` compares the index with the existing lock instead of writing it. The
+``cuda_toolkit`` repository rule reads the lock; Bazel's downloader fetches and verifies each file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkseal.fetch.download import download
+from sparkseal.fetch.index import FetchError, IndexFile, ProjectPage, list_files, normalize_name
+
+DEFAULT_LOCK = Path("third_party/cuda/toolchain.lock.json")
+
+ANY = "any"
+LINUX_X86_64 = "linux_x86_64"
+LINUX_AARCH64 = "linux_aarch64"
+# The glibc-based (manylinux) platform tag ending each lock platform accepts.
+_ARCH = {LINUX_X86_64: "x86_64", LINUX_AARCH64: "aarch64"}
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One project at one version, needed for the listed platforms (``any`` for a pure-Python wheel)."""
+
+    project: str
+    version: str
+    platforms: tuple[str, ...]
+
+
+# CUDA 13.0 (update 2) to match the driver 580 / nvcc 13.0 of the H200 machines. The build host is
+# x86_64: its compiler parts are locked for linux_x86_64; the CUDA runtime (static cudart + headers) for
+# both targets, because the linux_aarch64 wheel is cross-compiled against the aarch64 cudart.
+# cuobjdump is only published from 13.2 on; it reads 13.0 output and only tests use it.
+PINS: tuple[Pin, ...] = (
+    Pin("nvidia-cuda-nvcc", "13.0.88", (LINUX_X86_64,)),
+    Pin("nvidia-cuda-crt", "13.0.88", (LINUX_X86_64,)),
+    Pin("nvidia-nvvm", "13.0.88", (LINUX_X86_64,)),
+    Pin("nvidia-cuda-cccl", "13.0.85", (LINUX_X86_64,)),
+    Pin("nvidia-cuda-runtime", "13.0.96", (LINUX_X86_64, LINUX_AARCH64)),
+    Pin("nvidia-cuda-cuobjdump", "13.2.86", (LINUX_X86_64,)),
+    Pin("cmake", "4.4.5", (LINUX_X86_64,)),
+    Pin("ninja", "1.13.2", (LINUX_X86_64,)),
+    Pin("scikit-build-core", "1.1.2", (ANY,)),
+    # scikit-build-core's own requirements on Python 3.11.
+    Pin("packaging", "26.4", (ANY,)),
+    Pin("pathspec", "1.1.1", (ANY,)),
+)
+
+Lister = Callable[[str], ProjectPage]
+Hasher = Callable[[IndexFile], str]
+
+
+class LockError(Exception):
+    """The index does not offer exactly one wheel for a pin and platform, or the lock is out of date."""
+
+
+def wheel_parts(filename: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """Return (normalised name, version, platform tags) of a wheel filename, or None for other files."""
+    if not filename.endswith(".whl"):
+        return None
+    parts = filename[: -len(".whl")].split("-")
+    if len(parts) not in (5, 6):
+        return None
+    return normalize_name(parts[0]), parts[1], tuple(parts[-1].split("."))
+
+
+def platform_matches(tags: Iterable[str], platform: str) -> bool:
+    """True if a wheel with these platform tags installs on ``platform`` (``any`` or a glibc Linux)."""
+    tags = tuple(tags)
+    if platform == ANY:
+        return tags == (ANY,)
+    arch = _ARCH[platform]
+    return any(tag.startswith("manylinux") and tag.endswith("_" + arch) for tag in tags)
+
+
+def select_wheel(pin: Pin, platform: str, files: Sequence[IndexFile], page_url: str) -> IndexFile:
+    """Return the one wheel of ``pin`` for ``platform`` among ``files``; fail if there is none or several."""
+    name = normalize_name(pin.project)
+    found = []
+    for file in files:
+        parts = wheel_parts(file.filename)
+        if parts and parts[0] == name and parts[1] == pin.version and platform_matches(parts[2], platform):
+            found.append(file)
+    if len(found) != 1:
+        listed = ", ".join(f.filename for f in found) or "none"
+        raise LockError(
+            f"{page_url}: expected exactly one {pin.project} {pin.version} wheel for {platform}, "
+            f"found {listed}"
+        )
+    return found[0]
+
+
+def _download_sha256(file: IndexFile) -> str:
+    with tempfile.TemporaryDirectory(prefix="sparkseal-lock-") as scratch:
+        return download(file, Path(scratch))[1]
+
+
+def build_lock(pins: Sequence[Pin], lister: Lister, hasher: Hasher = _download_sha256) -> dict:
+    """Return the lock document for ``pins``; ``lister`` reads a project page, ``hasher`` hashes a file
+    whose page lists no sha256."""
+    wheels: dict[str, dict] = {}
+    for pin in sorted(pins, key=lambda p: normalize_name(p.project)):
+        page = lister(pin.project)
+        files = {}
+        for platform in sorted(pin.platforms):
+            chosen = select_wheel(pin, platform, page.files, page.url)
+            files[platform] = {"filename": chosen.filename, "sha256": chosen.sha256 or hasher(chosen)}
+        wheels[normalize_name(pin.project)] = {"version": pin.version, "files": files}
+    return {
+        "comment": "Generated by `python3 -m sparkseal.fetch.lock_wheels`; edit PINS there, not this file.",
+        "wheels": wheels,
+    }
+
+
+def render(lock: dict) -> str:
+    """The lock as it is stored: sorted keys, two-space indent, final newline."""
+    return json.dumps(lock, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python3 -m sparkseal.fetch.lock_wheels", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--output", type=Path, default=DEFAULT_LOCK, help=f"lock file (default {DEFAULT_LOCK})"
+    )
+    parser.add_argument("--index", help="index URL (default: PIP_INDEX_URL, then pip's configuration)")
+    parser.add_argument(
+        "--check", action="store_true", help="fail if the lock differs from the index's answer"
+    )
+    args = parser.parse_args(argv)
+    try:
+        text = render(build_lock(PINS, lambda project: list_files(project, args.index)))
+        if args.check:
+            current = args.output.read_text(encoding="utf-8") if args.output.is_file() else ""
+            if current != text:
+                raise LockError(f"{args.output}: out of date with PINS and the index; rerun without --check")
+        else:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(text, encoding="utf-8")
+    except (FetchError, LockError) as exc:
+        print(f"sparkseal: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

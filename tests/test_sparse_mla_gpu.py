@@ -1,0 +1,298 @@
+"""The sparse-MLA decode kernel against the float32 reference, on a CUDA GPU.
+
+Run with ``pytest -m gpu`` on a machine with an NVIDIA GPU and the kernel library
+(``$SPARKSEAL_KERNELS_LIB`` or the packaged copy); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import zlib
+from types import ModuleType
+
+import pytest
+import torch
+
+from sparkseal.runtime import _lib
+from sparkseal.runtime.sparse_mla_ref import (
+    EMPTY_LSE,
+    LAYOUTS,
+    PAGE_SIZE,
+    Layout,
+    random_cache,
+    sparse_mla_decode_ref,
+    unpack_cache,
+)
+
+pytestmark = pytest.mark.gpu
+
+SMALL_SMEM = 101376  # the SM120/SM121 per-block limit: runs the configurations GB10 uses
+
+
+@pytest.fixture(scope="module")
+def sparse_mla() -> ModuleType:
+    """The binding module, once a GPU and the kernel library are there."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    try:
+        _lib.load()
+    except OSError as exc:
+        pytest.skip(str(exc))
+    from sparkseal.runtime import sparse_mla as module
+
+    module._library()  # checks the ABI version and the struct sizes
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    layout: str
+    heads: int
+    topk: int
+    batch: int
+    minus_one: bool = False
+    lengths: bool = False
+    extra_topk: int = 0
+    sink: bool = False
+    splits: int = 0
+    max_smem: int = 0
+
+    def __str__(self) -> str:
+        parts = [self.layout, f"h{self.heads}", f"k{self.topk}", f"b{self.batch}"]
+        parts += [name for name in ("minus_one", "lengths", "sink") if getattr(self, name)]
+        if self.extra_topk:
+            parts.append(f"extra{self.extra_topk}")
+        if self.splits:
+            parts.append(f"splits{self.splits}")
+        if self.max_smem:
+            parts.append("small_smem")
+        return "-".join(parts)
+
+
+def _cases() -> list[Case]:
+    """A sample of heads x topk x batch x layout x features that covers every value of each axis."""
+    heads = (16, 32, 64, 128)
+    topks = (64, 512, 2048)
+    batches = (1, 8, 64, 256)
+    layouts = ("v4_fp8", "v32_fp8", "v32_bf16")
+    cases = []
+    for i, (h, k, b) in enumerate(itertools.product(heads, topks, batches)):
+        if h * k * b > 128 * 2048 * 64:  # keep each case under a second
+            continue
+        layout = layouts[i % 3]
+        cases.append(
+            Case(
+                layout,
+                h,
+                k,
+                b,
+                minus_one=i % 2 == 0,
+                lengths=i % 5 in (1, 3),
+                extra_topk=(128 if i % 4 == 1 else 0) if layout == "v4_fp8" else (64 if i % 4 == 2 else 0),
+                sink=i % 7 in (2, 5),
+            )
+        )
+    cases += [
+        Case("v4_fp8", 128, 2048, 256, minus_one=True, extra_topk=128, sink=True),
+        Case("v32_fp8", 16, 2048, 256, lengths=True),
+        Case("v4_fp8", 64, 512, 8, minus_one=True, lengths=True, splits=3),
+        Case("v32_bf16", 32, 512, 8, lengths=True, extra_topk=64, splits=5),
+    ]
+    for layout, h in itertools.product(layouts, (16, 64)):
+        cases.append(
+            Case(
+                layout, h, 512, 8, minus_one=True, lengths=True, extra_topk=64, sink=True, max_smem=SMALL_SMEM
+            )
+        )
+    return cases
+
+
+def _make_inputs(case: Case, seed: int) -> dict[str, object]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    layout: Layout = LAYOUTS[case.layout]
+    dev = "cuda"
+    pages = max(8, case.batch * case.topk // (2 * PAGE_SIZE))  # rows repeat across tokens now and then
+    cache = random_cache(layout, pages, generator=gen, device=dev)
+    q = torch.randn(case.batch, case.heads, layout.q_dim, generator=gen, device=dev).to(torch.bfloat16)
+
+    def index_rows(topk: int, slots: int) -> torch.Tensor:
+        idx = torch.randint(0, slots, (case.batch, topk), generator=gen, device=dev, dtype=torch.int32)
+        if case.minus_one:
+            drop = torch.rand(case.batch, topk, generator=gen, device=dev) < 0.2
+            idx = torch.where(drop, torch.full_like(idx, -1), idx)
+            idx[0] = -1  # one row with nothing valid
+            if case.batch > 2:
+                idx[1, ::7] = slots + 3  # out of range: skipped like -1
+        return idx
+
+    def length_rows(topk: int) -> torch.Tensor:
+        lengths = torch.randint(0, topk + 1, (case.batch,), generator=gen, device=dev, dtype=torch.int32)
+        lengths[-1] = topk + 100  # longer than the row: clamped
+        return lengths
+
+    args: dict[str, object] = {
+        "q": q,
+        "cache": cache,
+        "indices": index_rows(case.topk, pages * PAGE_SIZE),
+        "softmax_scale": layout.q_dim**-0.5,
+        "layout": case.layout,
+    }
+    if case.lengths:
+        args["topk_length"] = length_rows(case.topk)
+    if case.extra_topk:
+        extra_pages = 5
+        args["extra_cache"] = random_cache(layout, extra_pages, generator=gen, device=dev)
+        args["extra_indices"] = index_rows(case.extra_topk, extra_pages * PAGE_SIZE)
+        if case.lengths:
+            args["extra_topk_length"] = length_rows(case.extra_topk)
+    if case.sink:
+        args["attn_sink"] = torch.randn(case.heads, generator=gen, device=dev)
+    return args
+
+
+def _reference(args: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
+    kwargs = dict(args)
+    layout = LAYOUTS[str(kwargs.pop("layout"))]
+    q, cache, indices, scale = (kwargs.pop(k) for k in ("q", "cache", "indices", "softmax_scale"))
+    return sparse_mla_decode_ref(q, cache, indices, scale, layout, **kwargs)  # type: ignore[arg-type]
+
+
+def _assert_matches(
+    out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor
+) -> None:
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert bool(torch.isfinite(out).all()), "non-finite values in out"
+    assert bool(torch.isfinite(lse).all()), "non-finite values in lse"
+    empty = ref_lse == EMPTY_LSE
+    assert torch.equal(lse[empty], ref_lse[empty]), "empty rows: lse differs from EMPTY_LSE"
+    assert torch.equal(out[empty].float(), torch.zeros_like(ref_out[empty])), "empty rows: out is not 0"
+    full = ~empty
+    if not bool(full.any()):
+        return
+    diff = out.float()[full] - ref_out[full]
+    rel = (diff.norm() / ref_out[full].norm().clamp(min=1e-30)).item()
+    row_rel = (diff.norm(dim=-1) / ref_out[full].norm(dim=-1).clamp(min=1e-30)).max().item()
+    lse_err = (lse[full] - ref_lse[full]).abs().max().item()
+    assert rel < 1e-2 and row_rel < 3e-2 and lse_err < 2e-2, (
+        f"out relative error {rel:.2e} (expected < 1e-2), worst row {row_rel:.2e} (expected < 3e-2), "
+        f"lse max error {lse_err:.2e} (expected < 2e-2)"
+    )
+
+
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_kernel_matches_reference(sparse_mla: ModuleType, case: Case) -> None:
+    args = _make_inputs(case, seed=zlib.crc32(str(case).encode()))
+    out, lse = sparse_mla.sparse_mla_decode(**args, num_splits=case.splits, max_smem_bytes=case.max_smem)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _reference(args)
+    _assert_matches(out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_one_valid_index_reproduces_the_dequantised_row_exactly(sparse_mla: ModuleType, layout: str) -> None:
+    spec = LAYOUTS[layout]
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    cache = random_cache(spec, 4, generator=gen, device="cuda")
+    slot = 2 * PAGE_SIZE + 17
+    if spec.cache_dtype == torch.uint8:
+        # Subnormal, zero and negative-zero e4m3 codes in the row's first scale group.
+        codes = torch.tensor(
+            [0x01, 0x07, 0x81, 0x85, 0x00, 0x80, 0x7E, 0xFE], dtype=torch.uint8, device="cuda"
+        )
+        flat = cache.view(4, -1)
+        start = 17 * (576 if spec.name == "v4_fp8" else spec.record_bytes)
+        flat[2, start : start + 8] = codes
+    rows = unpack_cache(cache, spec)
+    q = torch.randn(3, 16, spec.q_dim, generator=gen, device="cuda").to(torch.bfloat16)
+    indices = torch.full((3, 64), -1, dtype=torch.int32, device="cuda")
+    indices[:, 5] = slot
+    out, _ = sparse_mla.sparse_mla_decode(q, cache, indices, softmax_scale=0.1, layout=layout, num_splits=1)
+    expected = rows[slot, :512].to(torch.bfloat16).expand(3, 16, 512)
+    assert torch.equal(out, expected), f"max difference {(out.float() - expected.float()).abs().max().item()}"
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_split_count_gives_the_same_function(sparse_mla: ModuleType, layout: str) -> None:
+    case = Case(layout, 32, 512, 4, minus_one=True, lengths=True, extra_topk=64, sink=True)
+    args = _make_inputs(case, seed=11)
+    ref_out, ref_lse = _reference(args)
+    for splits in (1, 2, 7, 9):
+        out, lse = sparse_mla.sparse_mla_decode(**args, num_splits=splits)
+        _assert_matches(out, lse, ref_out, ref_lse)
+
+
+def test_results_are_deterministic(sparse_mla: ModuleType) -> None:
+    args = _make_inputs(Case("v4_fp8", 64, 2048, 2, extra_topk=128), seed=5)
+    first = sparse_mla.sparse_mla_decode(**args)
+    second = sparse_mla.sparse_mla_decode(**args)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def test_plan_reports_the_launch(sparse_mla: ModuleType) -> None:
+    args = _make_inputs(Case("v32_fp8", 128, 2048, 1), seed=3)
+    plan = sparse_mla.plan(args["q"], args["cache"], args["indices"], "v32_fp8")
+    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    assert 0 < plan.smem_bytes <= limit
+    assert 128 % plan.heads_per_cta == 0
+    assert plan.num_splits > 1, "one token should be split over the top-k to fill the GPU"
+    assert plan.workspace_bytes >= plan.num_splits * 128 * 512 * 4
+    small = sparse_mla.plan(args["q"], args["cache"], args["indices"], "v32_fp8", max_smem_bytes=SMALL_SMEM)
+    assert small.smem_bytes <= SMALL_SMEM - 1024
+
+
+def test_library_errors_come_back_as_exceptions(sparse_mla: ModuleType) -> None:
+    args = _make_inputs(Case("v4_fp8", 16, 64, 1), seed=1)
+    with pytest.raises(
+        sparse_mla.SparseMLAError, match=r"no kernel configuration of layout V4_FP8 .* fits 4096 bytes"
+    ):
+        sparse_mla.sparse_mla_decode(**args, max_smem_bytes=4096)
+
+
+def test_cuda_graph_capture_and_replay(sparse_mla: ModuleType) -> None:
+    for case in (Case("v4_fp8", 64, 512, 2, extra_topk=128, sink=True), Case("v32_fp8", 16, 2048, 64)):
+        args = _make_inputs(case, seed=7)
+        static_q = args["q"]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            sparse_mla.sparse_mla_decode(**args)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graph_out, graph_lse = sparse_mla.sparse_mla_decode(**args)
+        for seed in (1, 2):
+            fresh = torch.randn(
+                static_q.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+            )
+            static_q.copy_(fresh.to(torch.bfloat16))
+            graph_out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager_out, eager_lse = sparse_mla.sparse_mla_decode(**args)
+            assert torch.equal(graph_out, eager_out), f"{case}: replayed out differs from an eager call"
+            assert torch.equal(graph_lse, eager_lse), f"{case}: replayed lse differs from an eager call"
+
+
+def test_torch_compile_traces_the_op(sparse_mla: ModuleType) -> None:
+    args = _make_inputs(Case("v4_fp8", 16, 128, 3, lengths=True, sink=True), seed=9)
+
+    def step(q: torch.Tensor) -> torch.Tensor:
+        out, lse = torch.ops.sparkseal.sparse_mla_decode(
+            q,
+            args["cache"],
+            args["indices"],
+            args["topk_length"],
+            None,
+            None,
+            None,
+            args["attn_sink"],
+            args["softmax_scale"],
+            "v4_fp8",
+            0,
+            0,
+        )
+        return out.float() * 2.0 + lse.unsqueeze(-1)
+
+    compiled = torch.compile(step, fullgraph=True)
+    torch.testing.assert_close(compiled(args["q"]), step(args["q"]), rtol=0, atol=0)
