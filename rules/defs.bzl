@@ -1,19 +1,36 @@
 """Public API of sparkseal's Bazel rules."""
 
 load("//rules/private:cuda_toolkit.bzl", _cuda_toolkit = "cuda_toolkit")
+load("//rules/private:debian.bzl", _DebianRootfsInfo = "DebianRootfsInfo", _debian_packages = "debian_packages", _debian_rootfs = "debian_rootfs")
 load("//rules/private:kernels_wheel.bzl", _cuda_archs_setting = "cuda_archs_setting", _kernels_wheel = "kernels_wheel")
+load("//rules/private:module_manifest.bzl", _module_manifest = "module_manifest")
+load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci_load")
+load("//rules/private:oci_layer.bzl", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
+load("//rules/private:pex.bzl", _sparkseal_pex = "sparkseal_pex")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
+load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
 load("//rules/private:vllm_lock.bzl", _vllm_lock = "vllm_lock")
 load("//rules/private:vllm_tree.bzl", _vllm_patched_tree = "vllm_patched_tree", _vllm_source_tree = "vllm_source_tree")
 load("//rules/private:vllm_wheel.bzl", _vllm_wheel = "vllm_wheel")
+load("//rules/private:wheel_install.bzl", _wheel_install = "wheel_install")
 
+DebianRootfsInfo = _DebianRootfsInfo
 cuda_archs_setting = _cuda_archs_setting
 cuda_toolkit = _cuda_toolkit
+debian_packages = _debian_packages
+debian_rootfs = _debian_rootfs
 kernels_wheel = _kernels_wheel
+module_manifest = _module_manifest
+oci_image = _oci_image
+oci_layer = _oci_layer
+oci_load = _oci_load
 patch_series = _patch_series
 pypi_file = _pypi_file
+python_lock = _python_lock
+sparkseal_pex = _sparkseal_pex
 vllm_lock = _vllm_lock
 vllm_patched_tree = _vllm_patched_tree
 vllm_source_tree = _vllm_source_tree
 vllm_wheel = _vllm_wheel
+wheel_install = _wheel_install

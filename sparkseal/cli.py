@@ -13,6 +13,7 @@ from pathlib import Path
 
 DEFAULT_VLLM_LOCK = Path("third_party/vllm/vllm.lock.json")
 DEFAULT_VLLM_SERIES = Path("patches/vllm/series")
+DEFAULT_DEBIAN_LOCK = "third_party/debian/bookworm_{arch}.lock.json"
 
 
 def _default_download_dir() -> Path:
@@ -40,6 +41,45 @@ def _lock_vllm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         else:
             print(f"note: no patch series at {DEFAULT_VLLM_SERIES}; the patch check is skipped")
     return lock_vllm(args.version, args.lock, series, args.download_dir, args.index)
+
+
+def _lock_debian(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.fetch.lock_debian import lock_debian
+
+    out = args.out or Path(DEFAULT_DEBIAN_LOCK.format(arch=args.arch))
+    if not out.parent.is_dir():
+        parser.error(f"--out {out}: directory {out.parent} does not exist")
+    if args.sources is not None and not args.sources.is_file():
+        parser.error(f"--sources {args.sources}: no such file")
+    return lock_debian(args.arch, out, sources=args.sources)
+
+
+def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
+    from sparkseal.fetch.lock_debian import ARCHITECTURES, SOURCES_ENV
+
+    debian = kinds.add_parser(
+        "debian",
+        help="lock the Debian packages of the image's base OS for one architecture",
+        description="Lock the dependency closure (Depends and Pre-Depends, as apt resolves them for an "
+        "install without recommends) of the base OS packages for one architecture: each package's "
+        "version, filename, size and sha256 as apt's index lists them. apt runs with a private state "
+        "directory; the machine's dpkg state is not changed.",
+    )
+    debian.add_argument("--arch", required=True, choices=ARCHITECTURES, help="Debian architecture")
+    debian.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"lock file to write (default: {DEFAULT_DEBIAN_LOCK.format(arch='ARCH')})",
+    )
+    sources = os.environ.get(SOURCES_ENV, "").strip()
+    debian.add_argument(
+        "--sources",
+        type=Path,
+        default=Path(sources) if sources else None,
+        help=f"apt sources file to use instead of the machine's (default: ${SOURCES_ENV})",
+    )
+    debian.set_defaults(handler=_lock_debian, parser=debian)
 
 
 def _add_lock(commands: argparse._SubParsersAction) -> None:
@@ -74,6 +114,195 @@ def _add_lock(commands: argparse._SubParsersAction) -> None:
     )
     vllm.add_argument("--index", help="index URL (default: PIP_INDEX_URL, then pip's configuration)")
     vllm.set_defaults(handler=_lock_vllm, parser=vllm)
+    _add_lock_debian(kinds)
+    _add_lock_python(kinds)
+
+
+def _lock_python(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.fetch.lock_python import PLATFORMS, lock_python
+
+    if not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: no such directory")
+    platforms = PLATFORMS if args.platform == "all" else (args.platform,)
+    return lock_python(
+        platforms, args.dir, args.vllm_lock, args.download_dir, index=args.index, upgrade=args.upgrade
+    )
+
+
+def _add_lock_python(kinds: argparse._SubParsersAction) -> None:
+    python = kinds.add_parser(
+        "python",
+        help="lock the Python closure of vLLM's requirements, per platform, with one wheel per pin",
+        description="Resolve vLLM's requirements (from the locked sdist) and ours for CPython 3.11 on "
+        "manylinux glibc <= 2.36 with uv, check that every pin has a wheel for the platform, and write "
+        "requirements_<platform>.txt (--hash format) and requirements_<platform>.files.json; also the "
+        "build tools' lock (tools.txt) and uv's (uv.txt).",
+    )
+    python.add_argument(
+        "--platform",
+        choices=("linux_aarch64", "linux_x86_64", "all"),
+        default="all",
+        help="platform to lock (default: all)",
+    )
+    python.add_argument(
+        "--dir", type=Path, default=Path("third_party/python"), help="lock directory (default: %(default)s)"
+    )
+    python.add_argument(
+        "--vllm-lock", type=Path, default=DEFAULT_VLLM_LOCK, help="the vLLM lock naming the sdist"
+    )
+    python.add_argument(
+        "--download-dir",
+        type=Path,
+        default=_default_download_dir(),
+        help="where the vLLM sdist is kept (default: $XDG_CACHE_HOME/sparkseal/downloads)",
+    )
+    python.add_argument(
+        "--upgrade", action="store_true", help="resolve afresh instead of keeping the current lock's versions"
+    )
+    python.add_argument("--index", help="index URL (default: PIP_INDEX_URL, then pip's configuration)")
+    python.set_defaults(handler=_lock_python, parser=python)
+
+
+def _modules_arg(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(name.isidentifier() for name in names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated top-level module names such as vllm,torch, got {value!r}"
+        )
+    return names
+
+
+def _verify_modules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.build.module_manifest import ManifestError, load_manifest
+    from sparkseal.runtime.verify import render, verify_module
+
+    try:
+        manifest = load_manifest(args.manifest)
+    except ManifestError as error:
+        parser.error(str(error))
+    results = [verify_module(manifest, args.manifest, module) for module in args.modules]
+    print(render(results, args.manifest, args.json))
+    return 0 if all(result.ok for result in results) else 1
+
+
+def _add_verify_modules(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.build.module_manifest import IMAGE_MANIFEST_PATH
+    from sparkseal.runtime.verify import DEFAULT_MODULES
+
+    verify = commands.add_parser(
+        "verify-modules",
+        help="compare the installed files of modules with the image's module manifest",
+        description="Find the distribution of each module without importing it, hash every file its "
+        "RECORD names and every other file under its directories, and compare with the manifest: "
+        "missing, extra and changed files are findings (exit 1).",
+    )
+    verify.add_argument(
+        "--manifest",
+        type=Path,
+        default=IMAGE_MANIFEST_PATH,
+        help=f"module manifest (default: {IMAGE_MANIFEST_PATH}, where the image carries it)",
+    )
+    verify.add_argument(
+        "--modules",
+        type=_modules_arg,
+        default=DEFAULT_MODULES,
+        help=f"comma-separated top-level modules (default: {','.join(DEFAULT_MODULES)})",
+    )
+    verify.add_argument("--json", action="store_true", help="print a JSON report")
+    verify.set_defaults(handler=_verify_modules, parser=verify)
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.build.module_manifest import ManifestError
+    from sparkseal.runtime.serve import serve
+
+    vllm_args = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    try:
+        return serve(vllm_args, args.manifest, args.modules)
+    except ManifestError as error:
+        parser.error(str(error))
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.build.module_manifest import IMAGE_MANIFEST_PATH
+    from sparkseal.runtime.verify import DEFAULT_MODULES
+
+    serve = commands.add_parser(
+        "serve",
+        help="verify the modules against the image's manifest, then exec `vllm serve ARGS`",
+        description="The image's entrypoint: run the verify-modules check and, only when every module "
+        "matches the manifest, replace this process with `vllm serve` and the remaining arguments.",
+    )
+    serve.add_argument("--manifest", type=Path, default=IMAGE_MANIFEST_PATH, help="module manifest")
+    serve.add_argument(
+        "--modules", type=_modules_arg, default=DEFAULT_MODULES, help="comma-separated top-level modules"
+    )
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve`")
+    serve.set_defaults(handler=_serve, parser=serve)
+
+
+def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.audit.scan import ScanInputError, render, run_scan
+
+    try:
+        report = run_scan(args.paths, args.image, args.allow)
+    except ScanInputError as error:
+        parser.error(str(error))
+    print(render(report, args.json))
+    return 0 if report.clean else 1
+
+
+def _add_scan(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.audit.scan import DEFAULT_ALLOW, RULES
+
+    scan = commands.add_parser(
+        "scan",
+        help="scan the repository or an OCI image for secrets and private data",
+        description="Scan files for private keys, API tokens, passwords, private IPv4 addresses, home "
+        "directories and key files. Without PATHS and --image: the files of the git checkout in the "
+        "current directory (tracked and untracked-not-ignored; bazel-* and .git skipped). --image reads "
+        "every layer of an OCI layout directory, OCI archive or docker archive without extracting it. "
+        f"Rules: {', '.join(RULES)}. Findings are exit 1; each prints as file:line:rule with the match "
+        "redacted.",
+    )
+    scan.add_argument("paths", nargs="*", type=Path, metavar="PATHS", help="files or directories to scan")
+    scan.add_argument("--image", type=Path, help="OCI layout directory, OCI archive or docker archive")
+    scan.add_argument(
+        "--allow",
+        type=Path,
+        default=None,
+        help=f"allow-list JSON (default: {DEFAULT_ALLOW} of the current directory, when present)",
+    )
+    scan.add_argument("--json", action="store_true", help="print a JSON report")
+    scan.set_defaults(handler=_scan, parser=scan)
+
+
+def _nccl_diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.audit.nccl_diff import NcclLogError, diff_logs, render
+
+    if len(args.logs) < 2:
+        parser.error(f"expected the logs of two or more ranks, got {len(args.logs)}")
+    try:
+        result = diff_logs(args.logs, context=args.context)
+    except NcclLogError as error:
+        parser.error(str(error))
+    print(render(result, args.json))
+    return 0 if result.divergence is None else 1
+
+
+def _add_nccl_diff(commands: argparse._SubParsersAction) -> None:
+    nccl = commands.add_parser(
+        "nccl-diff",
+        help="compare the collective sequences of NCCL debug logs across ranks",
+        description="Parse NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL logs (one per rank, in rank order), "
+        "normalise each collective (operation, opCount, count, datatype, reduction op, root, nranks, "
+        "communicator by order of appearance; pointers, host names, pids and timestamps dropped) and "
+        "compare the sequences. Exit 1 at the first divergence, shown with context per rank.",
+    )
+    nccl.add_argument("logs", nargs="+", type=Path, metavar="RANK.log", help="one log per rank, rank 0 first")
+    nccl.add_argument("--context", type=int, default=3, help="records shown before and after (default: 3)")
+    nccl.add_argument("--json", action="store_true", help="print a JSON report")
+    nccl.set_defaults(handler=_nccl_diff, parser=nccl)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_lock(commands)
+    _add_verify_modules(commands)
+    _add_serve(commands)
+    _add_scan(commands)
+    _add_nccl_diff(commands)
     return parser
 
 

@@ -153,6 +153,18 @@ def test_entry_order_dates_and_modes(inputs: Inputs) -> None:
     assert {i.compress_type for i in infos} == {zipfile.ZIP_DEFLATED}
 
 
+def test_modes_do_not_follow_the_bits_bazel_gives_inputs(inputs: Inputs) -> None:
+    # Inside a Bazel action every input file is 0555: the tree's bits must not reach the wheel.
+    for tree in (inputs.pristine, inputs.patched):
+        for path in tree.rglob("*"):
+            if path.is_file():
+                path.chmod(0o555)
+    inputs.run()
+    modes = {i.filename: i.external_attr >> 16 for i in _entries(inputs.out)}
+    assert modes["vllm/a.py"] == modes["vllm/added.py"] == 0o100644
+    assert modes["vllm/tool.sh"] == modes[FAKE_SO_NAME] == 0o100755
+
+
 def test_report_and_build_record(inputs: Inputs) -> None:
     report = inputs.run()
     upstream_sha = _sha(inputs.wheel.read_bytes())

@@ -38,6 +38,11 @@ def _resolve_url(rctx, filename, sha256):
         fail("%s\n(while fetching @%s)" % (message, rctx.name))
     return result.stdout.strip()
 
+def from_repository_cache(rctx, filename, sha256, output, urls = []):
+    """Try `urls`, then the repository cache alone; return whether `output` now holds the locked file."""
+    tried = list(urls) + [_CACHE_PROBE_URL + sha256 + "/" + filename]
+    return rctx.download(tried, output, sha256 = sha256, allow_fail = True).success
+
 def download_locked_file(rctx, filename, sha256, output, urls = []):
     """Fetch `filename` with the locked `sha256` into `output` (a path relative to the repository).
 
@@ -46,8 +51,7 @@ def download_locked_file(rctx, filename, sha256, output, urls = []):
     """
     if len(sha256) != 64:
         fail("sparkseal: %s: locked sha256 %r is not 64 hex digits" % (filename, sha256))
-    tried = list(urls) + [_CACHE_PROBE_URL + sha256 + "/" + filename]
-    if rctx.download(tried, output, sha256 = sha256, allow_fail = True).success:
+    if from_repository_cache(rctx, filename, sha256, output, urls):
         return
     rctx.report_progress("looking up %s in the package index" % filename)
     url = _resolve_url(rctx, filename, sha256)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sparkseal.build.commit import CommitMismatch, check_commit, commit_id_from_version_file
 from sparkseal.build.paths import UnsafePath, check_relative
-from sparkseal.build.tree import list_files
+from sparkseal.build.tree import content_mode, list_files
 from sparkseal.build.zipwriter import RawMember, ZipWriter, deflate, read_raw
 from sparkseal.determinism import EXEC_MODE, FILE_MODE
 
@@ -128,7 +128,8 @@ def repack(
         files.pop(rel, None)  # deleted by a patch
     for rel in tree_files:
         if rel in files or rel in added_by_us:
-            mode = EXEC_MODE if (patched / rel).stat().st_mode & 0o111 else FILE_MODE
+            # The upstream wheel's mode where it has the file; content decides for our additions.
+            mode = files[rel].mode if rel in files else content_mode(patched / rel)
             files[rel] = Member((patched / rel).read_bytes(), mode)
     wheel_py = {n for n in files if n.endswith(".py") and not n.startswith(dist_info + "/")}
     sdist_py = {n for n in sdist_files if n.endswith(".py")}

@@ -8,6 +8,17 @@ from pathlib import Path
 
 from sparkseal.determinism import EXEC_MODE, FILE_MODE
 
+# Bazel hands every input file to an action as mode 0555, so a tree's own bits say nothing: content
+# decides instead. ELF objects and scripts with a shebang are the files that are run.
+_EXECUTABLE_MAGIC = (b"\x7fELF", b"#!")
+
+
+def content_mode(source: Path) -> int:
+    """0755 when the file starts with an ELF magic or ``#!``, else 0644."""
+    with source.open("rb") as stream:
+        head = stream.read(4)
+    return EXEC_MODE if head.startswith(_EXECUTABLE_MAGIC) else FILE_MODE
+
 
 def normalised_mode(mode: int) -> int:
     """Map any permission bits to the two modes our outputs use."""

@@ -1,0 +1,191 @@
+"""`debian_packages` (repository rule) and `debian_rootfs` (rule): the image's base OS from locked .debs.
+
+WORKSPACE use::
+
+    debian_packages(name = "debian_linux_aarch64", lock = "//third_party/debian:bookworm_arm64.lock.json")
+
+The repository holds every locked .deb under `debs/` and exposes `:debs` (all of them), one filegroup per
+package (`:libc6`, ...) and `:lock` (the lock it was made from). Each .deb is first asked of Bazel's
+repository cache by its locked sha256, so a build whose cache holds them needs no network and no apt
+at all. Otherwise apt (with a private state directory for the lock's architecture, using the machine's
+apt sources or `$SPARKSEAL_APT_SOURCES`) turns the locked `package:arch=version` into a URL, after checking
+that its signed index lists the locked sha256, and Bazel's downloader fetches and verifies the file.
+
+BUILD use::
+
+    debian_rootfs(name = "rootfs_linux_aarch64", debs = ["@debian_linux_aarch64//:debs"],
+                  lock = "@debian_linux_aarch64//:lock")
+
+gives `<name>/` (the tree of regular files), `<name>.links.json` (the links spec of every symlink) and
+`<name>.dirs.json` (every directory with its mode and owner), also as `DebianRootfsInfo`.
+"""
+
+load(":common.bzl", "ACTION_ENV", "tool")
+load(":pypi_download.bzl", "from_repository_cache", "run_python_helper")
+
+APT_ENVIRON = ["SPARKSEAL_APT_SOURCES"]
+
+_RESERVED_TARGETS = ["debs", "lock"]
+
+DebianRootfsInfo = provider(
+    doc = "A root file system unpacked from locked .debs, in the three parts a layer writer needs.",
+    fields = {
+        "tree": "File: directory (tree artifact) of regular files",
+        "links": "File: links spec, JSON object {path: target} of every symlink",
+        "dirs": "File: JSON object {path: {mode, uid, gid}} of every directory",
+    },
+)
+
+def _entries(rctx, lock):
+    packages = lock.get("packages") if type(lock) == "dict" else None
+    if type(packages) != "list" or not packages:
+        fail("sparkseal: %s: expected a non-empty list `packages`, got %r" % (rctx.attr.lock, packages))
+    names = {}
+    for entry in packages:
+        for key in ["package", "version", "architecture", "filename", "sha256"]:
+            if type(entry.get(key)) != "string" or not entry[key]:
+                fail("sparkseal: %s: package entry %r: expected a non-empty string %r" % (rctx.attr.lock, entry, key))
+        sha256 = entry["sha256"]
+        if len(sha256) != 64 or [c for c in sha256.elems() if c not in "0123456789abcdef"]:
+            fail("sparkseal: %s: %s: locked sha256 %r is not 64 lowercase hex digits" % (
+                rctx.attr.lock,
+                entry["package"],
+                sha256,
+            ))
+        if "/" in entry["filename"] or not entry["filename"].endswith(".deb"):
+            fail("sparkseal: %s: %s: expected a .deb file name, got %r" % (
+                rctx.attr.lock,
+                entry["package"],
+                entry["filename"],
+            ))
+        if entry["package"] in names or entry["package"] in _RESERVED_TARGETS:
+            fail("sparkseal: %s: package name %r is listed twice or clashes with a target of the repository" % (
+                rctx.attr.lock,
+                entry["package"],
+            ))
+        names[entry["package"]] = True
+    return packages
+
+def _resolve(rctx, missing):
+    """Package -> URL for the `missing` entries, from apt; fails with the resolver's message."""
+    rctx.report_progress("resolving %d .deb URLs with apt" % len(missing))
+    result = run_python_helper(
+        rctx,
+        "sparkseal.fetch.lock_debian",
+        ["uris", "--lock", str(rctx.path(rctx.attr.lock)), "--scratch", str(rctx.path("_apt"))] +
+        [e["package"] for e in missing],
+    )
+    rctx.delete("_apt")
+    if result.return_code != 0:
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip() or result.stdout.strip(), rctx.name))
+    urls = {}
+    for line in result.stdout.strip().split("\n"):
+        package, _, url = line.partition("\t")
+        urls[package] = url
+    return urls
+
+def _download(rctx, entry, url, output):
+    if rctx.download([url], output, sha256 = entry["sha256"], allow_fail = True).success:
+        return
+
+    # Tell a mismatch from an outage (Bazel does not say what it got); nothing unverified is kept.
+    probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [entry["filename"], url])
+    if probe.return_code == 0:
+        fail("sparkseal: %s=%s (%s): sha256 mismatch: expected %s (locked in %s), actual %s (downloaded from %s)" % (
+            entry["package"],
+            entry["version"],
+            entry["filename"],
+            entry["sha256"],
+            rctx.attr.lock,
+            probe.stdout.strip(),
+            url,
+        ))
+    fail("sparkseal: %s=%s: download from %s failed: %s" % (
+        entry["package"],
+        entry["version"],
+        url,
+        probe.stderr.strip(),
+    ))
+
+def _debian_packages_impl(rctx):
+    lock = json.decode(rctx.read(rctx.attr.lock))
+    packages = _entries(rctx, lock)
+    missing = []
+    for entry in packages:
+        if not from_repository_cache(rctx, entry["filename"], entry["sha256"], "debs/" + entry["filename"]):
+            missing.append(entry)
+    if missing:
+        urls = _resolve(rctx, missing)
+        for entry in missing:
+            rctx.report_progress("downloading %s" % entry["filename"])
+            _download(rctx, entry, urls[entry["package"]], "debs/" + entry["filename"])
+
+    rctx.symlink(rctx.attr.lock, "lock.json")
+    lines = [
+        '"""Generated by debian_packages from %s; do not edit."""' % rctx.attr.lock,
+        "",
+        'package(default_visibility = ["//visibility:public"])',
+        "",
+        'filegroup(name = "lock", srcs = ["lock.json"])',
+        "",
+        "filegroup(",
+        '    name = "debs",',
+        "    srcs = [",
+    ] + ['        "debs/%s",' % e["filename"] for e in packages] + [
+        "    ],",
+        ")",
+        "",
+    ] + [
+        'filegroup(name = "%s", srcs = ["debs/%s"])' % (e["package"], e["filename"])
+        for e in packages
+    ]
+    rctx.file("BUILD", "\n".join(lines) + "\n")
+    rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
+
+debian_packages = repository_rule(
+    implementation = _debian_packages_impl,
+    doc = "Fetches every .deb of a Debian lock (bookworm_<arch>.lock.json), verified by sha256.",
+    attrs = {"lock": attr.label(mandatory = True, allow_single_file = [".json"])},
+    environ = APT_ENVIRON,
+)
+
+def _debian_rootfs_impl(ctx):
+    tree = ctx.actions.declare_directory(ctx.label.name)
+    links = ctx.actions.declare_file(ctx.label.name + ".links.json")
+    dirs = ctx.actions.declare_file(ctx.label.name + ".dirs.json")
+    args = ctx.actions.args()
+    args.add("--lock", ctx.file.lock)
+    args.add("--out", tree.path)
+    args.add("--links", links)
+    args.add("--dirs", dirs)
+    args.add("--exclude", ctx.attr.exclude)
+    args.add_all(ctx.files.debs)
+    ctx.actions.run(
+        executable = ctx.executable._tool,
+        arguments = [args],
+        inputs = ctx.files.debs + [ctx.file.lock],
+        outputs = [tree, links, dirs],
+        env = ACTION_ENV,
+        mnemonic = "DebRootfs",
+        progress_message = "Unpacking %d .debs into %s" % (len(ctx.files.debs), ctx.label),
+    )
+    return [
+        DefaultInfo(files = depset([tree, links, dirs])),
+        DebianRootfsInfo(tree = tree, links = links, dirs = dirs),
+        OutputGroupInfo(tree = depset([tree]), links = depset([links]), dirs = depset([dirs])),
+    ]
+
+debian_rootfs = rule(
+    implementation = _debian_rootfs_impl,
+    doc = "Unpacks locked .debs into a root file system (no maintainer scripts run).",
+    attrs = {
+        "debs": attr.label_list(mandatory = True, allow_files = [".deb"], doc = "the .debs, e.g. @repo//:debs"),
+        "lock": attr.label(mandatory = True, allow_single_file = [".json"], doc = "the lock, e.g. @repo//:lock"),
+        "exclude": attr.string(
+            default = "slim",
+            values = ["none", "slim"],
+            doc = "named path filter: `slim` drops documentation, manuals and translations (copyright kept)",
+        ),
+        "_tool": tool("//sparkseal/build:deb_rootfs"),
+    },
+)

@@ -1,0 +1,114 @@
+"""`oci_image` (layout directory, docker-archive, digest) and `oci_load` (`bazel run` loads the image)."""
+
+load(":common.bzl", "ACTION_ENV", "tool")
+load(":oci_layer.bzl", "OciLayerInfo")
+
+OciImageInfo = provider(
+    doc = "An image written by oci_image.",
+    fields = {
+        "archive": "File: docker-archive tarball",
+        "digest": "File: the image manifest digest (sha256:...)",
+        "layout": "File: OCI image layout directory",
+        "tag": "string: REPOSITORY:TAG of the image",
+    },
+)
+
+def _oci_image_impl(ctx):
+    layout = ctx.actions.declare_directory(ctx.label.name)
+    archive = ctx.actions.declare_file(ctx.label.name + ".tar")
+    digest = ctx.actions.declare_file(ctx.label.name + ".digest")
+    tag = ctx.attr.tag or "sparkseal/%s:latest" % ctx.label.name
+    args = ctx.actions.args()
+    inputs = []
+    for layer in ctx.attr.layers:
+        info = layer[OciLayerInfo]
+        args.add_all(["--layer", str(layer.label), info.descriptor, info.blob])
+        inputs += [info.descriptor, info.blob]
+    args.add("--platform", ctx.attr.platform)
+    args.add("--tag", tag)
+    args.add_all(ctx.attr.entrypoint, format_each = "--entrypoint=%s")
+    args.add_all(ctx.attr.cmd, format_each = "--cmd=%s")
+    args.add_all(["%s=%s" % item for item in ctx.attr.env.items()], format_each = "--env=%s")
+    args.add_all(["%s=%s" % item for item in ctx.attr.labels.items()], format_each = "--label=%s")
+    if ctx.attr.workdir:
+        args.add("--workdir", ctx.attr.workdir)
+    if ctx.attr.user:
+        args.add("--user", ctx.attr.user)
+    args.add_all(["--layout", layout.path, "--archive", archive, "--digest", digest], expand_directories = False)
+    ctx.actions.run(
+        executable = ctx.executable._oci,
+        arguments = [args],
+        inputs = inputs,
+        outputs = [layout, archive, digest],
+        env = ACTION_ENV,
+        mnemonic = "OciImage",
+        progress_message = "Assembling image %s (%s)" % (tag, ctx.attr.platform),
+    )
+    return [
+        DefaultInfo(files = depset([layout, archive, digest])),
+        OciImageInfo(archive = archive, digest = digest, layout = layout, tag = tag),
+        OutputGroupInfo(archive = depset([archive]), digest = depset([digest]), layout = depset([layout])),
+    ]
+
+_oci_image = rule(
+    implementation = _oci_image_impl,
+    doc = "An OCI image: layout directory `name`, docker-archive `name.tar`, manifest digest `name.digest`.",
+    attrs = {
+        "layers": attr.label_list(mandatory = True, providers = [OciLayerInfo], doc = "Bottom first."),
+        "platform": attr.string(mandatory = True, doc = "linux_aarch64 or linux_x86_64."),
+        "tag": attr.string(doc = "REPOSITORY:TAG; default sparkseal/NAME:latest."),
+        "entrypoint": attr.string_list(),
+        "cmd": attr.string_list(),
+        "env": attr.string_dict(),
+        "labels": attr.string_dict(),
+        "workdir": attr.string(),
+        "user": attr.string(),
+        "_oci": tool("//sparkseal/build:oci"),
+    },
+)
+
+_LOAD_SCRIPT = """#!/usr/bin/env bash
+# Loads {tag} into podman (docker when podman is absent). Written by oci_load.
+set -euo pipefail
+runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
+archive="$runfiles/{archive}"
+digest="$runfiles/{digest}"
+if command -v podman >/dev/null; then
+    engine=podman
+elif command -v docker >/dev/null; then
+    engine=docker
+else
+    echo "oci_load: neither podman nor docker is on PATH; load $archive with your container engine" >&2
+    exit 1
+fi
+"$engine" load -i "$archive"
+echo "{tag}: manifest $(cat "$digest")"
+"""
+
+def _oci_load_impl(ctx):
+    image = ctx.attr.image[OciImageInfo]
+    script = ctx.actions.declare_file(ctx.label.name + ".sh")
+    ctx.actions.write(
+        output = script,
+        content = _LOAD_SCRIPT.format(
+            archive = image.archive.short_path,
+            digest = image.digest.short_path,
+            tag = image.tag,
+            workspace = ctx.workspace_name,
+        ),
+        is_executable = True,
+    )
+    runfiles = ctx.runfiles(files = [image.archive, image.digest])
+    return [DefaultInfo(executable = script, runfiles = runfiles)]
+
+oci_load = rule(
+    implementation = _oci_load_impl,
+    doc = "`bazel run` target: `podman load -i` (or `docker load -i`) of an oci_image's docker-archive.",
+    executable = True,
+    attrs = {"image": attr.label(mandatory = True, providers = [OciImageInfo])},
+)
+
+def oci_image(name, visibility = None, tags = None, testonly = None, **kwargs):
+    """An oci_image `name` plus its `name.load` runnable target (see _oci_image and oci_load)."""
+    _oci_image(name = name, visibility = visibility, tags = tags, testonly = testonly, **kwargs)
+    oci_load(name = name + ".load", image = ":" + name, visibility = visibility, tags = tags, testonly = testonly)

@@ -1,0 +1,106 @@
+"""`oci_layer`: one deterministic image layer (tar, gzip blob, descriptor) from trees, files and links."""
+
+load(":common.bzl", "ACTION_ENV", "tool")
+
+OciLayerInfo = provider(
+    doc = "One image layer written by oci_layer.",
+    fields = {
+        "blob": "File: the gzip-compressed layer",
+        "descriptor": "File: JSON with diff_id, digest, mediaType and size",
+        "tar": "File: the uncompressed layer, or None unless keep_tar",
+    },
+)
+
+def _image_join(dest, rel):
+    return dest.rstrip("/") + "/" + rel
+
+def _package_relative(f, label):
+    # A file of a filegroup keeps its path below the package that declares the label.
+    path = f.short_path
+    if path.startswith("../"):
+        path = path.split("/", 2)[2]
+    prefix = label.package + "/" if label.package else ""
+    if not path.startswith(prefix):
+        fail("sparkseal: %s is not below package '%s' of %s" % (f.short_path, label.package, label))
+    return path[len(prefix):]
+
+def _oci_layer_impl(ctx):
+    # The plain tar is only for inspection (diffoscope); big layers skip it and keep just the gzip blob.
+    tar = ctx.actions.declare_file(ctx.label.name + ".tar") if ctx.attr.keep_tar else None
+    blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
+    descriptor = ctx.actions.declare_file(ctx.label.name + ".json")
+    args = ctx.actions.args()
+    inputs = []
+    for target, dest in ctx.attr.trees.items():
+        for f in target.files.to_list():
+            if f.is_directory:
+                args.add_all(["--tree", f.path, dest], expand_directories = False)
+            else:
+                args.add_all(["--file", f.path, _image_join(dest, _package_relative(f, target.label))])
+            inputs.append(f)
+    for target, dest in ctx.attr.files.items():
+        files = target.files.to_list()
+        if len(files) != 1 or files[0].is_directory:
+            fail("sparkseal: files: %s must be one regular file, got %d files" % (target.label, len(files)))
+        args.add_all(["--file", files[0].path, dest])
+        inputs.append(files[0])
+    for target, dest in ctx.attr.links.items():
+        for f in target.files.to_list():
+            args.add_all(["--links", f.path, dest])
+            inputs.append(f)
+    for target, dest in ctx.attr.dirs.items():
+        for f in target.files.to_list():
+            args.add_all(["--dirs", f.path, dest])
+            inputs.append(f)
+    for dest, target in ctx.attr.symlinks.items():
+        args.add_all(["--symlink", dest, target])
+    for dest in ctx.attr.directories:
+        args.add_all(["--dir", dest])
+    for dest, mode in ctx.attr.modes.items():
+        args.add_all(["--mode", dest, mode])
+    if tar:
+        args.add("--tar", tar)
+    args.add_all(["--blob", blob, "--descriptor", descriptor])
+    ctx.actions.run(
+        executable = ctx.executable._layer,
+        arguments = [args],
+        inputs = inputs,
+        outputs = [f for f in (tar, blob, descriptor) if f],
+        env = ACTION_ENV,
+        mnemonic = "OciLayer",
+        progress_message = "Writing image layer %s" % ctx.label,
+    )
+    return [
+        DefaultInfo(files = depset([f for f in (tar, blob, descriptor) if f])),
+        OciLayerInfo(blob = blob, descriptor = descriptor, tar = tar),
+    ]
+
+oci_layer = rule(
+    implementation = _oci_layer_impl,
+    doc = """One OCI image layer: `name.tar.gz` and `name.json`, plus `name.tar` with keep_tar (see layer.py).
+
+A tree's links and permission bits are not read (the sandbox hides them): declare links in `links`
+specs or `symlinks`; a file is 0755 when it starts with ELF magic or `#!`, else 0644, unless `modes`
+says otherwise. Empty directories of a tree are not written; declare them in `dirs` specs (with mode
+and owner) or `directories`.""",
+    attrs = {
+        "trees": attr.label_keyed_string_dict(
+            allow_files = True,
+            doc = "Tree artifact (or files, kept at their path below the label's package) -> image prefix.",
+        ),
+        "files": attr.label_keyed_string_dict(allow_files = True, doc = "One file -> image path."),
+        "links": attr.label_keyed_string_dict(
+            allow_files = [".json"],
+            doc = "Links spec {\"relative/path\": \"target\"} -> image prefix.",
+        ),
+        "dirs": attr.label_keyed_string_dict(
+            allow_files = [".json"],
+            doc = "Dirs spec {\"relative/path\": {\"mode\": \"0755\", \"uid\": 0, \"gid\": 0}} -> image prefix.",
+        ),
+        "symlinks": attr.string_dict(doc = "Image path -> symlink target."),
+        "directories": attr.string_list(doc = "Image directories to write even when empty."),
+        "modes": attr.string_dict(doc = "Image path -> octal mode (files 0644/0755, dirs 0755/1777)."),
+        "keep_tar": attr.bool(doc = "Also write `name.tar`, the uncompressed layer (for inspection)."),
+        "_layer": tool("//sparkseal/build:layer"),
+    },
+)

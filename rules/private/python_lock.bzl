@@ -1,0 +1,236 @@
+"""`python_lock`: a hub repository for `--hash` requirements locks and their filename sidecars.
+
+WORKSPACE use::
+
+    load("//rules/private:python_lock.bzl", "python_lock")
+
+    python_lock(
+        name = "python_deps",
+        locks = {
+            "//third_party/python:requirements_linux_aarch64.txt": "linux_aarch64",
+            "//third_party/python:requirements_linux_x86_64.txt": "linux_x86_64",
+        },
+        files = {
+            "//third_party/python:requirements_linux_aarch64.files.json": "linux_aarch64",
+            "//third_party/python:requirements_linux_x86_64.files.json": "linux_x86_64",
+        },
+    )
+
+    load("@python_deps//:repositories.bzl", "python_deps_repositories")
+
+    python_deps_repositories()
+
+`@<name>//:repositories.bzl` declares one `pypi_file` per locked wheel, named
+`<name>_<platform>_<project>` (the project's normalised name with `_` for `-`); each downloads only when a
+target needs it. `@<name>//:requirements.bzl` exports, for BUILD files:
+
+- `PLATFORMS`: the platforms of the locks;
+- `PINS`: platform -> project -> `{"version", "filename", "label"}`;
+- `WHEELS`: platform -> labels of every locked wheel, sorted by project;
+- `LAYERS`: layer name -> what it holds (`torch`: torch, its companions and NVIDIA's CUDA wheels, which
+  are large and change together; `deps`: the rest);
+- `WHEELS_BY_LAYER`: platform -> layer -> labels;
+- `layer_of(project)` and `wheel(platform, project)`.
+
+Both files are read and cross-checked when the repository is made: every pin of a lock has exactly the
+sidecar's version and one of its `--hash` values is the sidecar's sha256, and the sidecar names no
+project that the lock does not pin.
+"""
+
+TORCH_LAYER = "torch"
+DEPS_LAYER = "deps"
+
+# Projects released together with torch; with NVIDIA's CUDA wheels they make the large, rarely changing layer.
+_TORCH_LAYER_PROJECTS = ["torch", "torchaudio", "torchvision", "triton"]
+_TORCH_LAYER_PREFIXES = ["nvidia-", "cuda-"]
+
+_HEX = "0123456789abcdef"
+
+def layer_of(project):
+    """The layer of a normalised project name: `torch` or `deps`."""
+    if project in _TORCH_LAYER_PROJECTS:
+        return TORCH_LAYER
+    for prefix in _TORCH_LAYER_PREFIXES:
+        if project.startswith(prefix):
+            return TORCH_LAYER
+    return DEPS_LAYER
+
+def _normalize(name):
+    out = name.lower()
+    for sep in ["_", "."]:
+        out = out.replace(sep, "-")
+    for _ in range(len(out)):
+        if "--" not in out:
+            break
+        out = out.replace("--", "-")
+    return out
+
+def repo_name(hub, platform, project):
+    """The repository of one locked wheel."""
+    return "%s_%s_%s" % (hub, platform, _normalize(project).replace("-", "_"))
+
+def _is_sha256(value):
+    return type(value) == "string" and len(value) == 64 and not [c for c in value.elems() if c not in _HEX]
+
+def parse_requirements(text, where):
+    """Parse a `--hash` requirements lock: {project: {"version", "hashes", "line"}}; fail on anything else."""
+    pins = {}
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.split("\n")):
+        line = raw.strip()
+        if not pending:
+            if not line or line.startswith("#"):
+                continue
+            start = number + 1
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        tokens = [t for t in (pending + line).replace("\t", " ").split(" ") if t]
+        pending = ""
+        requirement = tokens[0]
+        if requirement.count("==") != 1 or ";" in requirement or "[" in requirement:
+            fail("sparkseal: %s:%d: expected NAME==VERSION, got %r" % (where, start, requirement))
+        name, version = requirement.split("==")
+        project = _normalize(name)
+        if project in pins:
+            fail("sparkseal: %s:%d: %s is pinned twice (first on line %d)" % (where, start, project, pins[project]["line"]))
+        hashes = []
+        for token in tokens[1:]:
+            value = token[len("--hash=sha256:"):] if token.startswith("--hash=sha256:") else None
+            if not _is_sha256(value):
+                fail("sparkseal: %s:%d: expected --hash=sha256:<64 lowercase hex digits>, got %r" % (where, start, token))
+            hashes.append(value)
+        if not hashes:
+            fail("sparkseal: %s:%d: %s has no --hash (expected at least one)" % (where, start, requirement))
+        pins[project] = {"version": version, "hashes": hashes, "line": start}
+    if pending:
+        fail("sparkseal: %s: the last requirement ends with a line continuation" % where)
+    return pins
+
+def _sidecar_wheels(sidecar, where, platform):
+    if type(sidecar) != "dict" or type(sidecar.get("wheels")) != "dict":
+        fail("sparkseal: %s: expected a JSON object with a \"wheels\" object" % where)
+    if sidecar.get("platform") != platform:
+        fail("sparkseal: %s: platform %r, expected %r (as given to python_lock)" % (where, sidecar.get("platform"), platform))
+    return sidecar["wheels"]
+
+def check_lock(pins, wheels, lock_where, files_where):
+    """Cross-check a parsed lock and its sidecar's wheels; return [(project, version, filename, sha256)]."""
+    extra = sorted([p for p in wheels if p not in pins])
+    if extra:
+        fail("sparkseal: %s names %s, which %s does not pin" % (files_where, ", ".join(extra), lock_where))
+    out = []
+    for project in sorted(pins):
+        pin = pins[project]
+        entry = wheels.get(project)
+        if type(entry) != "dict":
+            fail("sparkseal: %s: no entry for %s==%s (pinned on %s:%d)" % (files_where, project, pin["version"], lock_where, pin["line"]))
+        filename = entry.get("filename")
+        if type(filename) != "string" or "/" in filename or not filename.endswith(".whl"):
+            fail("sparkseal: %s: %s: filename must be a plain *.whl name, got %r" % (files_where, project, filename))
+        if entry.get("version") != pin["version"]:
+            fail("sparkseal: %s: %s: version %r, expected %r (%s:%d)" % (files_where, project, entry.get("version"), pin["version"], lock_where, pin["line"]))
+        sha256 = entry.get("sha256")
+        if not _is_sha256(sha256) or sha256 not in pin["hashes"]:
+            fail("sparkseal: %s: %s: sha256 %r, expected one of %s (%s:%d)" % (files_where, project, sha256, ", ".join(pin["hashes"]), lock_where, pin["line"]))
+        out.append((project, pin["version"], filename, sha256))
+    return out
+
+def _by_platform(rctx, attr_name, mapping):
+    out = {}
+    for label, platform in mapping.items():
+        if platform in out:
+            fail("sparkseal: python_lock %s: two %s for platform %r: %s and %s" % (rctx.name, attr_name, platform, out[platform], label))
+        out[platform] = label
+    return out
+
+def _python_lock_impl(rctx):
+    hub = rctx.name
+    locks = _by_platform(rctx, "locks", rctx.attr.locks)
+    files = _by_platform(rctx, "files", rctx.attr.files)
+    if sorted(locks) != sorted(files):
+        fail("sparkseal: python_lock %s: locks are for %s but files for %s; expected the same platforms" % (hub, sorted(locks), sorted(files)))
+    platforms = sorted(locks)
+    repos = []
+    pins = {}
+    for platform in platforms:
+        lock_where, files_where = str(locks[platform]), str(files[platform])
+        parsed = parse_requirements(rctx.read(locks[platform]), lock_where)
+        wheels = _sidecar_wheels(json.decode(rctx.read(files[platform])), files_where, platform)
+        pins[platform] = {}
+        for project, version, filename, sha256 in check_lock(parsed, wheels, lock_where, files_where):
+            name = repo_name(hub, platform, project)
+            repos.append((name, filename, sha256))
+            pins[platform][project] = {"version": version, "filename": filename, "label": "@%s//file" % name}
+
+    header = '"""Generated by python_lock(name = %r) from %s; do not edit."""' % (hub, ", ".join([str(locks[p]) for p in platforms]))
+    lines = [
+        header,
+        "",
+        'load("@//rules:defs.bzl", "pypi_file")',
+        "",
+        "def %s_repositories():" % hub,
+        '    """Declares one pypi_file repository per locked wheel; each downloads only when needed."""',
+    ]
+    for name, filename, sha256 in repos:
+        lines.append("    pypi_file(name = %r, filename = %r, sha256 = %r)" % (name, filename, sha256))
+    if not repos:
+        lines.append("    pass")
+    rctx.file("repositories.bzl", "\n".join(lines) + "\n")
+
+    wheels = {p: [pins[p][project]["label"] for project in sorted(pins[p])] for p in platforms}
+    by_layer = {
+        p: {
+            layer: [pins[p][project]["label"] for project in sorted(pins[p]) if layer_of(project) == layer]
+            for layer in [TORCH_LAYER, DEPS_LAYER]
+        }
+        for p in platforms
+    }
+    rctx.file("requirements.bzl", "\n".join([
+        header,
+        "",
+        'load("@//rules/private:python_lock.bzl", _layer_of = "layer_of")',
+        "",
+        "layer_of = _layer_of",
+        "",
+        "PLATFORMS = %r" % platforms,
+        "",
+        "PINS = %s" % json.encode_indent(pins, indent = "    "),
+        "",
+        "WHEELS = %s" % json.encode_indent(wheels, indent = "    "),
+        "",
+        "LAYERS = %r" % {
+            TORCH_LAYER: "torch, torchaudio, torchvision, triton and NVIDIA's CUDA wheels (nvidia-*, cuda-*)",
+            DEPS_LAYER: "every other locked wheel",
+        },
+        "",
+        "WHEELS_BY_LAYER = %s" % json.encode_indent(by_layer, indent = "    "),
+        "",
+        "def wheel(platform, project):",
+        '    """The label of the locked wheel of `project` (a normalised name) for `platform`."""',
+        "    if platform not in PINS or project not in PINS[platform]:",
+        '        fail("sparkseal: %s: no locked wheel of %r for %r (platforms: %s)" % (' + repr(hub) + ", project, platform, PLATFORMS))",
+        '    return PINS[platform][project]["label"]',
+        "",
+    ]))
+    rctx.file("BUILD", "")
+    rctx.file("WORKSPACE", "workspace(name = %r)\n" % hub)
+
+python_lock = repository_rule(
+    implementation = _python_lock_impl,
+    doc = "Generates `repositories.bzl` (one pypi_file per locked wheel) and `requirements.bzl` from " +
+          "`--hash` requirements locks and their `.files.json` sidecars.",
+    attrs = {
+        "locks": attr.label_keyed_string_dict(
+            mandatory = True,
+            allow_files = [".txt"],
+            doc = "`--hash` requirements lock -> platform (`linux_aarch64`, `linux_x86_64`, or `any`).",
+        ),
+        "files": attr.label_keyed_string_dict(
+            mandatory = True,
+            allow_files = [".json"],
+            doc = "Filename sidecar (`*.files.json`) -> platform; one per lock.",
+        ),
+    },
+)

@@ -1,0 +1,1 @@
+"""Audits of what sparkseal builds and runs: secret scan, NCCL collective comparison."""

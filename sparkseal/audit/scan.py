@@ -1,0 +1,630 @@
+"""Secret and private-data scan of the repository and of every layer of an OCI image.
+
+Content rules run over each file's bytes (text and binary alike: build paths and keys leak into shared
+objects too), line by line; name rules look at file names. Each finding is reported as
+``path:line:rule: <redacted match>``; the secret itself is never printed.
+
+Rules keep false positives low: token rules need the vendor's exact prefix and length, the generic key
+rule needs a high-entropy value with letters and digits, a password needs a literal value (unquoted only
+in configuration files), a private IPv4 address needs four octets that are not part of a longer dotted
+number or a CIDR range and that name a host (not ``.0`` or ``.255``), a home directory needs a user name
+that is not a documentation placeholder. ``/root`` is not reported: it names no person.
+
+The allow-list (``.sparkseal-scan-allow.json`` at the repository root, or ``--allow``) is a JSON object
+``{"allow": [{"path": GLOB, "rule": RULE, "reason": TEXT}, ...]}``; ``GLOB`` is matched with
+``fnmatch`` against the repository path or the path inside the image, ``RULE`` must be a rule id, and an
+entry without a reason is a usage error. It lives at the repository root, beside ``.gitignore``, rather
+than inside the ``sparkseal`` package: it is policy about this repository's files, and the package ships
+in the image where the list would mean nothing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+import re
+import subprocess
+import tarfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+DEFAULT_ALLOW = Path(".sparkseal-scan-allow.json")
+SKIP_DIRS = {".git"}
+_CHUNK = 1 << 20
+_MAX_LINE = 1 << 20  # a longer line (minified or binary data) is scanned in pieces of this size
+
+
+class ScanInputError(Exception):
+    """The scan cannot start (bad allow-list, missing path, unreadable image); the message says which."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One match: where (``layer`` set for an image member), which rule, and the redacted text."""
+
+    path: str
+    line: int | None
+    rule: str
+    match: str
+    layer: str | None = None
+
+    def location(self) -> str:
+        """``[layer:]path:line:rule`` (``-`` as the line of a name rule)."""
+        line = "-" if self.line is None else str(self.line)
+        where = f"{self.layer}:{self.path}" if self.layer else self.path
+        return f"{where}:{line}:{self.rule}"
+
+
+@dataclass(frozen=True)
+class AllowEntry:
+    """One allow-list entry: a path glob, a rule id and why it is allowed."""
+
+    path: str
+    rule: str
+    reason: str
+
+
+@dataclass
+class Report:
+    """The result of a scan."""
+
+    files: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    allowed: list[Finding] = field(default_factory=list)
+    unused_allow: list[AllowEntry] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """True when every match was allowed."""
+        return not self.findings
+
+
+def _entropy(value: bytes) -> float:
+    counts = Counter(value)
+    return -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+
+
+def _has_letters_and_digits(value: bytes) -> bool:
+    return any(c in b"0123456789" for c in value) and any(chr(c).isalpha() for c in value)
+
+
+_PLACEHOLDER_WORDS = (
+    b"example",
+    b"your",
+    b"xxxx",
+    b"placeholder",
+    b"dummy",
+    b"sample",
+    b"redacted",
+    b"changeit",
+)
+
+
+def _placeholder(value: bytes) -> bool:
+    lowered = value.lower()
+    return any(word in lowered for word in _PLACEHOLDER_WORDS) or lowered.strip(b"*x.-_") == b""
+
+
+def _high_entropy_key(match: re.Match[bytes]) -> bool:
+    value = match.group("value")
+    return _entropy(value) >= 3.5 and _has_letters_and_digits(value) and not _placeholder(value)
+
+
+_PASSWORD_WORDS = {b"password", b"passwd", b"passphrase", b"none", b"null", b"true", b"false", b"string"}
+
+
+def _literal_password(match: re.Match[bytes]) -> bool:
+    value = match.group("value")
+    return value[:1] not in b"$<%{" and value.lower() not in _PASSWORD_WORDS and not _placeholder(value)
+
+
+_VERSION_CONTEXT = re.compile(rb"(?i)(?:[=<>~!]=|version\W{0,4})$")
+
+
+def _host_ipv4(match: re.Match[bytes]) -> bool:
+    """Four octets naming a host, and not a four-part version (``==10.4.0.35``, ``"version": "..."``)."""
+    octets = [int(o) for o in match.group(0).split(b".")]
+    before = match.string[max(0, match.start() - 16) : match.start()]
+    version = _VERSION_CONTEXT.search(before) is not None
+    return all(o <= 255 for o in octets) and octets[3] not in (0, 255) and not version
+
+
+# Names used in documentation for "some user"; CI runners' accounts are not people either.
+_PLACEHOLDER_USERS = {
+    b"user",
+    b"username",
+    b"you",
+    b"yourname",
+    b"me",
+    b"name",
+    b"someone",
+    b"runner",
+    b"jdoe",
+}
+
+
+def _person_home(match: re.Match[bytes]) -> bool:
+    return match.group("user").lower() not in _PLACEHOLDER_USERS
+
+
+def _first(n: int) -> Callable[[re.Match[bytes]], str]:
+    def redact(match: re.Match[bytes]) -> str:
+        text = match.group(0).decode("latin-1")
+        return f"{text[:n]}***({len(text)} chars)"
+
+    return redact
+
+
+def _redact_value(match: re.Match[bytes]) -> str:
+    value = match.group("value").decode("latin-1")
+    return f"{match.group('key').decode('latin-1')}=***({len(value)} chars)"
+
+
+def _redact_ipv4(match: re.Match[bytes]) -> str:
+    octets = match.group(0).decode().split(".")
+    kept = 2 if octets[0] == "192" else 1
+    return ".".join(octets[:kept] + ["x"] * (4 - kept))
+
+
+def _redact_home(match: re.Match[bytes]) -> str:
+    return f"{match.group('root').decode()}/{match.group('user')[:1].decode('latin-1')}***"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A content rule: a bytes pattern, a check of each match, and how to print it redacted."""
+
+    id: str
+    description: str
+    pattern: re.Pattern[bytes]
+    redact: Callable[[re.Match[bytes]], str]
+    # Literal strings one of which every match contains; the pattern runs only on the lines holding one,
+    # which keeps the scan at memory speed on large binaries. ``fold``: look for them case-insensitively.
+    anchors: tuple[bytes, ...]
+    accept: Callable[[re.Match[bytes]], bool] = lambda _match: True
+    config_only: bool = False  # the rule applies to configuration files only
+    fold: bool = False
+
+
+_CONFIG_SUFFIXES = {".env", ".ini", ".cfg", ".conf", ".yaml", ".yml", ".properties", ".toml"}
+
+CONTENT_RULES = (
+    Rule(
+        "private-key",
+        "PEM private key block",
+        re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"),
+        lambda m: m.group(0).decode(),
+        (b"PRIVATE KEY",),
+    ),
+    Rule(
+        "aws-access-key",
+        "AWS access key id (AKIA/ASIA...)",
+        re.compile(rb"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"),
+        _first(4),
+        (b"AKIA", b"ASIA"),
+        lambda m: not m.group(0).endswith(b"EXAMPLE"),
+    ),
+    Rule(
+        "github-token",
+        "GitHub token (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_)",
+        re.compile(
+            rb"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{22,255})(?![A-Za-z0-9_])"
+        ),
+        _first(4),
+        (b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_", b"github_pat_"),
+    ),
+    Rule(
+        "slack-token",
+        "Slack token (xoxb-, xoxp-, ...)",
+        re.compile(rb"(?<![A-Za-z0-9])xox[abposr]-[0-9A-Za-z]{8,}(?:-[0-9A-Za-z]{4,})+"),
+        _first(5),
+        (b"xox",),
+    ),
+    Rule(
+        "google-api-key",
+        "Google API key (AIza...)",
+        re.compile(rb"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])"),
+        _first(4),
+        (b"AIza",),
+    ),
+    Rule(
+        "generic-api-key",
+        "api_key / secret_key assigned a high-entropy literal",
+        re.compile(
+            rb"(?i)(?<![a-z0-9])(?P<key>(?:api|secret)[_-]?key)['\"]?\s*[:=]\s*['\"]?(?P<value>[A-Za-z0-9_\-+/=.]{16,})"
+        ),
+        _redact_value,
+        (b"api_key", b"api-key", b"apikey", b"secret_key", b"secret-key", b"secretkey"),
+        _high_entropy_key,
+        fold=True,
+    ),
+    Rule(
+        "password-assignment",
+        "password assigned a quoted literal",
+        re.compile(
+            rb"(?i)(?<![a-z0-9])(?P<key>password|passwd|passphrase)['\"]?\s*[:=]\s*(?P<q>['\"])(?P<value>[^'\"\s]{4,})(?P=q)"
+        ),
+        _redact_value,
+        (b"passw", b"passphrase"),
+        _literal_password,
+        fold=True,
+    ),
+    Rule(
+        "password-assignment",
+        "password assigned an unquoted value in a configuration file",
+        re.compile(
+            rb"(?im)(?<![a-z0-9])(?P<key>password|passwd|passphrase)\s*[:=]\s*(?P<value>[^\s'\"#;]{4,})\s*$"
+        ),
+        _redact_value,
+        (b"passw", b"passphrase"),
+        _literal_password,
+        fold=True,
+        config_only=True,
+    ),
+    Rule(
+        "private-ipv4",
+        "private IPv4 host address (10/8, 172.16/12, 192.168/16)",
+        re.compile(
+            rb"(?<![\w.-])(?:10\.\d{1,3}|172\.(?:1[6-9]|2\d|3[01])|192\.168)\.\d{1,3}\.\d{1,3}(?!\.?\d)(?![\w-])(?!/\d)"
+        ),
+        _redact_ipv4,
+        (b"10.", b"172.", b"192.168."),
+        _host_ipv4,
+    ),
+    Rule(
+        "home-path",
+        "a person's home directory (/home/NAME, /Users/NAME)",
+        re.compile(
+            rb"(?<![\w.-])(?P<root>/home|/Users)/(?P<user>[A-Za-z_][A-Za-z0-9_.-]{1,31})(?![A-Za-z0-9_-])"
+        ),
+        _redact_home,
+        (b"/home/", b"/Users/"),
+        _person_home,
+    ),
+)
+
+NAME_RULE = "secret-file"
+RULES = {
+    **{rule.id: rule.description for rule in CONTENT_RULES if not rule.config_only},
+    NAME_RULE: "key or credential file by name (.env, *.key, id_rsa, *.p12, ...; .pem without certificates)",
+}
+
+_SECRET_NAMES = {"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", ".netrc", ".pgpass", ".git-credentials"}
+_SECRET_SUFFIXES = {".key", ".p12", ".pfx", ".jks", ".keystore"}
+_ENV_SAMPLES = {"example", "sample", "template", "dist"}
+_PEM_PUBLIC = re.compile(rb"-----BEGIN (?:TRUSTED )?(?:CERTIFICATE|PUBLIC KEY|X509 CRL)-----")
+
+
+def secret_name(path: str) -> bool:
+    """True when the file name alone marks a key or credential file (``.pem`` files are judged by content)."""
+    name = PurePosixPath(path).name
+    if name in _SECRET_NAMES or PurePosixPath(name).suffix in _SECRET_SUFFIXES:
+        return True
+    return name == ".env" or (name.startswith(".env.") and name.split(".")[-1] not in _ENV_SAMPLES)
+
+
+def _is_config(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return PurePosixPath(name).suffix in _CONFIG_SUFFIXES or name.startswith(".env") or name == ".netrc"
+
+
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(first line number, bytes)`` pieces of whole lines, at most about ``_CHUNK`` bytes each."""
+    line, pending = 1, b""
+    while True:
+        block = stream.read(_CHUNK)
+        data = pending + block
+        if not block:
+            if data:
+                yield line, data
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < _MAX_LINE:
+            pending = data
+            continue
+        cut = cut or len(data)
+        yield line, data[:cut]
+        line += data.count(b"\n", 0, cut)
+        pending = data[cut:]
+
+
+# Every match holds an anchor at most _BEFORE bytes after its start and ends at most _AFTER bytes past it.
+_BEFORE, _AFTER = 64, 1024
+
+
+def _windows(rule: Rule, data: bytes, folded: bytes) -> Iterator[tuple[int, int]]:
+    """The spans of ``data`` around each anchor of the rule, cut at the line's ends."""
+    haystack = folded if rule.fold else data
+    spans = set()
+    for anchor in rule.anchors:
+        at = haystack.find(anchor)
+        while at >= 0:
+            start = data.rfind(b"\n", max(0, at - _BEFORE), at) + 1 or max(0, at - _BEFORE)
+            end = data.find(b"\n", at, at + _AFTER)
+            spans.add((start, min(len(data), at + _AFTER) if end < 0 else end))
+            at = haystack.find(anchor, at + 1)
+    yield from sorted(spans)
+
+
+def _matches(rule: Rule, data: bytes, folded: bytes) -> Iterator[re.Match[bytes]]:
+    seen = set()
+    for start, end in _windows(rule, data, folded):
+        for match in rule.pattern.finditer(data, start, end):
+            if match.start() not in seen and rule.accept(match):
+                seen.add(match.start())
+                yield match
+
+
+def scan_stream(path: str, stream: IO[bytes], layer: str | None = None) -> list[Finding]:
+    """Every content and name finding of one file."""
+    config = _is_config(path)
+    pem = path.endswith(".pem")
+    pem_public = False
+    findings = []
+    for first_line, data in _lines(stream):
+        folded = data.lower()
+        for rule in CONTENT_RULES:
+            if rule.config_only and not config:
+                continue
+            for match in _matches(rule, data, folded):
+                line = first_line + data.count(b"\n", 0, match.start())
+                findings.append(Finding(path, line, rule.id, rule.redact(match), layer))
+        pem_public = pem_public or (pem and _PEM_PUBLIC.search(data) is not None)
+    if secret_name(path) or (pem and not pem_public):
+        findings.append(Finding(path, None, NAME_RULE, PurePosixPath(path).name, layer))
+    return sorted(findings, key=lambda f: (f.line or 0, f.rule))
+
+
+def load_allowlist(path: Path) -> list[AllowEntry]:
+    """Read and check an allow-list; every problem is a :class:`ScanInputError` naming the entry."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise ScanInputError(f"{path}: no allow-list there") from error
+    except (OSError, ValueError) as error:
+        raise ScanInputError(f"{path}: not a readable JSON allow-list: {error}") from error
+    if (
+        not isinstance(document, dict)
+        or set(document) != {"allow"}
+        or not isinstance(document["allow"], list)
+    ):
+        raise ScanInputError(
+            f'{path}: expected an object {{"allow": [...]}}, found {json.dumps(document)[:80]}'
+        )
+    entries = []
+    for index, entry in enumerate(document["allow"]):
+        where = f"{path}: allow[{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"path", "rule", "reason"}:
+            found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise ScanInputError(f"{where}: expected the keys path, rule, reason, found {found}")
+        if not all(isinstance(entry[key], str) for key in ("path", "rule", "reason")):
+            raise ScanInputError(f"{where}: path, rule and reason must be strings, found {entry}")
+        if not entry["reason"].strip():
+            raise ScanInputError(
+                f"{where}: expected a reason for allowing {entry['rule']} in {entry['path']}, found none"
+            )
+        if entry["rule"] not in RULES:
+            raise ScanInputError(
+                f"{where}: expected a rule among {', '.join(RULES)}, found {entry['rule']!r}"
+            )
+        if not entry["path"].strip():
+            raise ScanInputError(f"{where}: expected a path glob, found an empty one")
+        entries.append(AllowEntry(entry["path"], entry["rule"], entry["reason"].strip()))
+    return entries
+
+
+def _apply_allowlist(report: Report, findings: list[Finding], allow: list[AllowEntry]) -> None:
+    used = set()
+    for finding in findings:
+        entry = next(
+            (e for e in allow if e.rule == finding.rule and fnmatch.fnmatchcase(finding.path, e.path)), None
+        )
+        if entry is None:
+            report.findings.append(finding)
+        else:
+            used.add(entry)
+            report.allowed.append(finding)
+    report.unused_allow = [e for e in allow if e not in used]
+
+
+def repository_files(root: Path) -> list[str]:
+    """The files git would commit: tracked and untracked-not-ignored, without ``bazel-*`` and ``.git``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode != 0:
+        raise ScanInputError(
+            f"{root}: not a git checkout ({listed.stderr.decode().strip()}); name PATHS to scan"
+        )
+    names = sorted({n for n in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if n})
+    return [
+        n
+        for n in names
+        if not n.split("/")[0].startswith("bazel-")
+        and not SKIP_DIRS & set(n.split("/"))
+        and (root / n).is_file()
+        and not (root / n).is_symlink()
+    ]
+
+
+def _walk(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    if not path.is_dir():
+        raise ScanInputError(f"{path}: no such file or directory")
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("bazel-"))
+        for name in sorted(filenames):
+            file = Path(dirpath) / name
+            if file.is_file() and not file.is_symlink():
+                yield file
+
+
+# --- images -------------------------------------------------------------------------------------------
+
+_INDEX_TYPES = {
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+}
+
+
+class _Source:
+    """An OCI layout as a directory or as a tar archive: read a file by its path inside the layout."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tar: tarfile.TarFile | None = None
+        self.members: dict[str, tarfile.TarInfo] = {}
+        if not path.is_dir():
+            try:
+                self.tar = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by close()
+                self.members = {_member_path(m.name): m for m in self.tar.getmembers() if m.isfile()}
+            except (OSError, tarfile.TarError) as error:
+                raise ScanInputError(
+                    f"{path}: expected an OCI layout directory or an image archive: {error}"
+                ) from error
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).is_file() if self.tar is None else name in self.members
+
+    def open(self, name: str) -> IO[bytes]:
+        if self.tar is None:
+            return open(self.path / name, "rb")  # the caller closes it
+        stream = self.tar.extractfile(self.members[name])
+        assert stream is not None  # members holds regular files only
+        return stream
+
+    def json(self, name: str) -> Any:
+        if not self.has(name):
+            raise ScanInputError(f"{self.path}: expected {name} in the image, found none")
+        with self.open(name) as stream:
+            return json.load(stream)
+
+    def close(self) -> None:
+        if self.tar is not None:
+            self.tar.close()
+
+
+def _blob(digest: str) -> str:
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"blobs/{algorithm}/{hexdigest}"
+
+
+def _oci_layers(source: _Source, descriptors: list[dict[str, Any]], found: list[tuple[str, str]]) -> None:
+    for descriptor in descriptors:
+        document = source.json(_blob(descriptor["digest"]))
+        if descriptor.get("mediaType") in _INDEX_TYPES or "manifests" in document:
+            _oci_layers(source, document["manifests"], found)
+            continue
+        for layer in document.get("layers", []):
+            entry = (layer["digest"], _blob(layer["digest"]))
+            if entry not in found:
+                found.append(entry)
+
+
+def image_layers(source: _Source) -> list[tuple[str, str]]:
+    """``(layer id, path inside the layout)`` of every layer of every image, in manifest order, once each."""
+    found: list[tuple[str, str]] = []
+    if source.has("index.json"):
+        _oci_layers(source, source.json("index.json").get("manifests", []), found)
+    elif source.has("manifest.json"):
+        for image in source.json("manifest.json"):
+            for layer in image.get("Layers", []):
+                if (layer, layer) not in found:
+                    found.append((layer, layer))
+    else:
+        raise ScanInputError(
+            f"{source.path}: expected index.json (OCI) or manifest.json (docker archive), found none"
+        )
+    return found
+
+
+def _member_path(name: str) -> str:
+    return name.removeprefix("./").lstrip("/")
+
+
+def scan_image(path: Path) -> tuple[int, list[Finding]]:
+    """Scan every regular file of every layer, streaming the tars; return (files scanned, findings)."""
+    source = _Source(path)
+    files, findings = 0, []
+    try:
+        for layer_id, blob in image_layers(source):
+            short = layer_id[:19] if layer_id.startswith("sha256:") else layer_id
+            with source.open(blob) as stream:
+                try:
+                    with tarfile.open(fileobj=stream, mode="r|*") as layer:
+                        for member in layer:
+                            name = _member_path(member.name)
+                            if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):
+                                continue
+                            content = layer.extractfile(member)
+                            assert content is not None  # a regular member always has content
+                            files += 1
+                            findings.extend(scan_stream(name, content, short))
+                except tarfile.TarError as error:
+                    raise ScanInputError(
+                        f"{path}: layer {layer_id} is not a readable tar: {error}"
+                    ) from error
+    finally:
+        source.close()
+    return files, findings
+
+
+def run_scan(paths: list[Path], image: Path | None, allow: Path | None, root: Path | None = None) -> Report:
+    """Scan ``paths`` (or the git checkout at ``root``, default the current directory) and ``image``."""
+    root = root or Path.cwd()
+    if allow is None and (root / DEFAULT_ALLOW).is_file():
+        allow = root / DEFAULT_ALLOW
+    entries = load_allowlist(allow) if allow is not None else []
+    findings: list[Finding] = []
+    report = Report()
+    if image is not None and not image.exists():
+        raise ScanInputError(f"--image {image}: no such file or directory")
+    if paths:
+        for path in paths:
+            for file in _walk(path):
+                with open(file, "rb") as stream:
+                    findings.extend(scan_stream(file.as_posix(), stream))
+                report.files += 1
+    elif image is None:
+        for name in repository_files(root):
+            with open(root / name, "rb") as stream:
+                findings.extend(scan_stream(name, stream))
+            report.files += 1
+    if image is not None:
+        files, image_findings = scan_image(image)
+        report.files += files
+        findings.extend(image_findings)
+    _apply_allowlist(report, findings, entries)
+    return report
+
+
+def render(report: Report, as_json: bool) -> str:
+    """The report: one ``location: match`` line per finding and a summary, or JSON."""
+    if as_json:
+        return json.dumps(
+            {
+                "clean": report.clean,
+                "files": report.files,
+                "findings": [asdict(f) for f in report.findings],
+                "allowed": len(report.allowed),
+                "unused_allow": [asdict(e) for e in report.unused_allow],
+            },
+            indent=2,
+            sort_keys=True,
+        )
+    lines = [f"{f.location()}: {f.match}" for f in report.findings]
+    lines.extend(f"note: allow-list entry {e.path} {e.rule} matched nothing" for e in report.unused_allow)
+    summary = (
+        f"{report.files} files scanned, {len(report.findings)} finding(s), {len(report.allowed)} allowed"
+    )
+    return "\n".join([*lines, summary])

@@ -1,0 +1,312 @@
+"""Action: assemble an OCI image from layers: an image layout directory, a docker-archive, a digest file.
+
+Every JSON document the image holds (config, manifest, index, ``oci-layout``, the docker ``manifest.json``)
+is written in one canonical form, because each digest is over exact bytes: the same image must have the same
+manifest digest on every machine. Every date is SOURCE_DATE_EPOCH, and every layer has a history entry with
+``created`` set (umoci 0.4.7 panics on a history entry without it).
+
+The docker-archive holds the same blobs (gzip layers included, which ``docker load`` and ``podman load``
+decompress) under ``blobs/sha256/`` and a ``manifest.json`` naming them, with one repository tag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkseal.build.layer import CHUNK, LAYER_MEDIA_TYPE, TarWriter
+from sparkseal.build.platforms import OciPlatform, oci_platform
+from sparkseal.determinism import SOURCE_DATE_EPOCH
+
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+REF_NAME = "org.opencontainers.image.ref.name"
+LAYOUT_VERSION = "1.0.0"
+
+# The OCI RFC 3339 form of SOURCE_DATE_EPOCH, for the config's and every history entry's ``created``.
+CREATED = datetime.datetime.fromtimestamp(SOURCE_DATE_EPOCH, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# A docker reference without digest: optional registry host (a first component with a dot or a port, or
+# localhost, as docker tells them apart), lower-case path components, and a tag.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+"
+_REPOSITORY = re.compile(rf"(?:(?:{_HOST})/)?{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+class OciError(Exception):
+    """An input of the image is malformed or inconsistent; the message names it."""
+
+
+def canonical_json(value: object) -> bytes:
+    """Sorted keys, no whitespace, ASCII only, no trailing newline: one byte form per document.
+
+    A blob's digest is over its exact bytes, so another key order, an indent or a final newline would make
+    another image with the same content.
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of the image: its name (for the history), descriptor and compressed blob."""
+
+    name: str
+    digest: str
+    size: int
+    diff_id: str
+    blob: Path
+
+    def descriptor(self) -> dict[str, object]:
+        """The layer's descriptor in an image manifest."""
+        return {"digest": self.digest, "mediaType": LAYER_MEDIA_TYPE, "size": self.size}
+
+
+def load_layer(name: str, descriptor: Path, blob: Path) -> Layer:
+    """Read a descriptor written by ``sparkseal.build.layer`` and check its fields."""
+    try:
+        data = json.loads(descriptor.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise OciError(f"layer descriptor {descriptor}: not a readable JSON object: {exc}") from exc
+    if not isinstance(data, dict):
+        raise OciError(f"layer descriptor {descriptor}: expected a JSON object, got {type(data).__name__}")
+    if data.get("mediaType") != LAYER_MEDIA_TYPE:
+        raise OciError(
+            f"layer descriptor {descriptor}: mediaType is {data.get('mediaType')!r}, "
+            f"expected {LAYER_MEDIA_TYPE!r}"
+        )
+    for key in ("digest", "diff_id"):
+        if not isinstance(data.get(key), str) or not _DIGEST.fullmatch(data[key]):
+            raise OciError(
+                f"layer descriptor {descriptor}: {key} is {data.get(key)!r}, "
+                f"expected 'sha256:' and 64 hex digits"
+            )
+    size = data.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise OciError(f"layer descriptor {descriptor}: size is {size!r}, expected a byte count")
+    return Layer(name, data["digest"], size, data["diff_id"], blob)
+
+
+@dataclass
+class ImageConfig:
+    """The runtime part of an image config (the ``config`` object of the OCI image config)."""
+
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+    env: list[str] = field(default_factory=list)
+    workdir: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    user: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        """The ``config`` object, with only the fields that are set."""
+        for item in self.env:
+            name, eq, _ = item.partition("=")
+            if not eq or not name:
+                raise OciError(f"env entry {item!r}: expected NAME=VALUE")
+        if self.workdir and not self.workdir.startswith("/"):
+            raise OciError(f"workdir {self.workdir!r}: expected an absolute path")
+        fields: dict[str, object] = {
+            "Entrypoint": self.entrypoint,
+            "Cmd": self.cmd,
+            "Env": self.env or None,
+            "WorkingDir": self.workdir or None,
+            "Labels": self.labels or None,
+            "User": self.user or None,
+        }
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+def split_tag(reference: str) -> tuple[str, str]:
+    """Split ``repository:tag`` and check both parts against the docker reference grammar."""
+    repository, colon, tag = reference.rpartition(":")
+    if not colon or "/" in tag:
+        raise OciError(f"tag {reference!r}: expected REPOSITORY:TAG, e.g. sparkseal/vllm:0.25.1")
+    if not _REPOSITORY.fullmatch(repository):
+        raise OciError(
+            f"tag {reference!r}: repository {repository!r} is not a valid name "
+            f"(expected lower-case components separated by '/')"
+        )
+    if not _TAG.fullmatch(tag):
+        raise OciError(f"tag {reference!r}: tag {tag!r} is not valid (expected [A-Za-z0-9_][A-Za-z0-9_.-]*)")
+    return repository, tag
+
+
+def image_config(layers: list[Layer], platform: OciPlatform, config: ImageConfig) -> dict[str, object]:
+    """The OCI image config: platform, fixed dates, runtime config, diff_ids, a history entry per layer."""
+    return {
+        **platform.as_dict(),
+        "config": config.as_dict(),
+        "created": CREATED,
+        "history": [{"created": CREATED, "created_by": layer.name} for layer in layers],
+        "rootfs": {"diff_ids": [layer.diff_id for layer in layers], "type": "layers"},
+    }
+
+
+def _blob_path(layout: Path, digest: str) -> Path:
+    return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+
+def _write_blob(layout: Path, data: bytes, media_type: str) -> dict[str, object]:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    _blob_path(layout, digest).write_bytes(data)
+    return {"digest": digest, "mediaType": media_type, "size": len(data)}
+
+
+def copy_layer_blob(layer: Layer, layout: Path) -> None:
+    """Copy ``layer``'s blob into the layout, checking its digest and size against the descriptor."""
+    target = _blob_path(layout, layer.digest)
+    if target.exists():
+        return  # the same layer twice: one blob serves both
+    digest, size = hashlib.sha256(), 0
+    try:
+        with layer.blob.open("rb") as source, target.open("wb") as sink:
+            while chunk := source.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                sink.write(chunk)
+    except OSError as exc:
+        raise OciError(f"layer {layer.name}: cannot copy blob {layer.blob}: {exc}") from exc
+    actual = "sha256:" + digest.hexdigest()
+    if (actual, size) != (layer.digest, layer.size):
+        target.unlink()
+        raise OciError(
+            f"layer {layer.name}: blob {layer.blob} has digest {actual} and size {size}, "
+            f"expected {layer.digest} and size {layer.size} from its descriptor"
+        )
+
+
+def write_layout(
+    layout: Path, layers: list[Layer], platform: OciPlatform, config: ImageConfig, tag: str
+) -> tuple[str, str]:
+    """Write the OCI image layout into ``layout`` (empty or absent); return the config, manifest digests."""
+    if not layers:
+        raise OciError("an image needs at least one layer; got none")
+    _, short_tag = split_tag(tag)
+    layout.mkdir(parents=True, exist_ok=True)
+    if any(layout.iterdir()):
+        raise OciError(
+            f"layout directory {layout}: expected it empty, found {sorted(layout.iterdir())[0].name}"
+        )
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+    for layer in layers:
+        copy_layer_blob(layer, layout)
+    config_blob = _write_blob(
+        layout, canonical_json(image_config(layers, platform, config)), CONFIG_MEDIA_TYPE
+    )
+    manifest = {
+        "config": config_blob,
+        "layers": [layer.descriptor() for layer in layers],
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "schemaVersion": 2,
+    }
+    manifest_blob = _write_blob(layout, canonical_json(manifest), MANIFEST_MEDIA_TYPE)
+    entry = {**manifest_blob, "annotations": {REF_NAME: short_tag}, "platform": platform.as_dict()}
+    index = {"manifests": [entry], "mediaType": INDEX_MEDIA_TYPE, "schemaVersion": 2}
+    (layout / "index.json").write_bytes(canonical_json(index))
+    (layout / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": LAYOUT_VERSION}))
+    return str(config_blob["digest"]), str(manifest_blob["digest"])
+
+
+def write_docker_archive(
+    layout: Path, archive: Path, layers: list[Layer], config_digest: str, tag: str
+) -> None:
+    """Write a tarball for ``docker load`` / ``podman load``: the layout's blobs and a ``manifest.json``."""
+    split_tag(tag)
+    blob_name = "blobs/sha256/{}".format
+    manifest = [
+        {
+            "Config": blob_name(config_digest.removeprefix("sha256:")),
+            "Layers": [blob_name(layer.digest.removeprefix("sha256:")) for layer in layers],
+            "RepoTags": [tag],
+        }
+    ]
+    with archive.open("wb") as stream:
+        writer = TarWriter(stream)
+        writer.directory("blobs")
+        writer.directory("blobs/sha256")
+        for blob in sorted((layout / "blobs" / "sha256").iterdir()):
+            writer.file(blob_name(blob.name), 0o644, blob)
+        writer.data("manifest.json", canonical_json(manifest))
+        writer.close()
+
+
+def assemble(
+    layers: list[Layer],
+    platform_name: str,
+    config: ImageConfig,
+    tag: str,
+    layout: Path,
+    archive: Path,
+    digest_file: Path,
+) -> str:
+    """Write the layout, the docker-archive and the digest file; return the image manifest digest."""
+    try:
+        platform = oci_platform(platform_name)
+    except ValueError as exc:
+        raise OciError(str(exc)) from exc
+    config_digest, digest = write_layout(layout, layers, platform, config, tag)
+    write_docker_archive(layout, archive, layers, config_digest, tag)
+    digest_file.write_text(digest, encoding="ascii")
+    return digest
+
+
+def _key_values(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise OciError(f"{flag} {item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--layer",
+        action="append",
+        nargs=3,
+        default=[],
+        metavar=("NAME", "DESCRIPTOR", "BLOB"),
+        help="one layer, bottom first",
+    )
+    parser.add_argument("--platform", required=True, help="linux_aarch64 or linux_x86_64")
+    parser.add_argument("--tag", required=True, help="REPOSITORY:TAG of the image")
+    parser.add_argument("--entrypoint", action="append", help="one entrypoint word (use --entrypoint=WORD)")
+    parser.add_argument("--cmd", action="append", help="one command word (use --cmd=WORD)")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE")
+    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE")
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--user", default="")
+    parser.add_argument("--layout", type=Path, required=True, help="OCI image layout directory to write")
+    parser.add_argument("--archive", type=Path, required=True, help="docker-archive tarball to write")
+    parser.add_argument("--digest", type=Path, required=True, help="file for the image manifest digest")
+    args = parser.parse_args(argv)
+    try:
+        layers = [load_layer(name, Path(d), Path(b)) for name, d, b in args.layer]
+        config = ImageConfig(
+            entrypoint=args.entrypoint,
+            cmd=args.cmd,
+            env=args.env,
+            workdir=args.workdir,
+            labels=_key_values(args.label, "--label"),
+            user=args.user,
+        )
+        assemble(layers, args.platform, config, args.tag, args.layout, args.archive, args.digest)
+    except OciError as exc:
+        print(f"sparkseal: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

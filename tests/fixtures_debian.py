@@ -1,0 +1,286 @@
+"""Tiny .debs and a loopback apt repository for the Debian lock, repository rule and rootfs tests.
+
+    deb = make_deb(tmp, "tool", "1.0", "arm64", files={"bin/tool": Exec(b"...")}, depends="liba")
+    with AptRepo(tmp / "repo", [deb, ...], codename="bookworm") as repo:
+        repo.sources      # an apt sources file: deb [trusted=yes] http://127.0.0.1:PORT/ ./
+        repo.requests     # Counter of requested paths
+
+``make_deb`` builds with ``dpkg-deb --build``; ``make_raw_deb`` writes the ar and tar members itself, for
+archives dpkg-deb refuses to build (paths with ``..``, absolute paths, zstd members).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+
+
+@dataclass(frozen=True)
+class Exec:
+    """Content of an executable file."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symlink's target."""
+
+    target: str
+
+
+@dataclass(frozen=True)
+class Hardlink:
+    """A hard link to another path of the same package."""
+
+    to: str
+
+
+Content = bytes | Exec | Link | Hardlink
+
+
+def pool_name(package: str, version: str, arch: str) -> str:
+    """The pool file name Debian gives a .deb (no epoch)."""
+    return f"{package}_{version.split(':', 1)[-1]}_{arch}.deb"
+
+
+def _control(package: str, version: str, arch: str, fields: dict[str, str]) -> str:
+    lines = [f"Package: {package}", f"Version: {version}", f"Architecture: {arch}"]
+    lines += ["Maintainer: Fixture <fixture@example.invalid>", *(f"{k}: {v}" for k, v in fields.items())]
+    lines += [f"Description: fixture package {package}", " Built by the sparkseal tests."]
+    return "\n".join(lines) + "\n"
+
+
+def make_deb(
+    out_dir: Path,
+    package: str,
+    version: str,
+    arch: str,
+    files: dict[str, Content] | None = None,
+    dirs: dict[str, int] | None = None,
+    scripts: dict[str, str] | None = None,
+    **fields: str,
+) -> Path:
+    """Build a .deb with ``dpkg-deb``; ``fields`` are more control fields (``pre_depends`` -> Pre-Depends)."""
+    stage = out_dir / f".stage-{package}-{arch}"
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "DEBIAN").mkdir(parents=True)
+    control_fields = {"-".join(w.capitalize() for w in k.split("_")): v for k, v in fields.items()}
+    (stage / "DEBIAN/control").write_text(_control(package, version, arch, control_fields))
+    for name, text in (scripts or {}).items():
+        script = stage / "DEBIAN" / name
+        script.write_text(text)
+        script.chmod(0o755)
+    for rel, mode in (dirs or {}).items():
+        (stage / rel).mkdir(parents=True, exist_ok=True)
+        (stage / rel).chmod(mode)
+    for rel, content in sorted((files or {}).items(), key=lambda kv: isinstance(kv[1], Hardlink)):
+        path = stage / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Link):
+            path.symlink_to(content.target)
+        elif isinstance(content, Hardlink):
+            os.link(stage / content.to, path)
+        else:
+            path.write_bytes(content.data if isinstance(content, Exec) else content)
+            path.chmod(0o755 if isinstance(content, Exec) else 0o644)
+    # What dh_md5sums adds to a real package: the md5 of every regular file.
+    md5sums = "".join(
+        f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(stage).as_posix()}\n"
+        for p in sorted(stage.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.parts[len(stage.parts)] != "DEBIAN"
+    )
+    if md5sums:
+        (stage / "DEBIAN/md5sums").write_text(md5sums)
+    deb = out_dir / pool_name(package, version, arch)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(stage), str(deb)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"},
+    )
+    shutil.rmtree(stage)
+    return deb
+
+
+def _ar(members: list[tuple[str, bytes]]) -> bytes:
+    out = b"!<arch>\n"
+    for name, data in members:
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{0o100644:<8o}{len(data):<10}`\n".encode()
+        out += data + (b"\n" if len(data) % 2 else b"")
+    return out
+
+
+def _tar(entries: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for info, data in entries:
+            info.size = len(data) if info.isfile() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    return buffer.getvalue()
+
+
+def tar_entry(
+    name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
+    """One member for ``make_raw_deb``: a file (default), a directory or a symlink."""
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    info.linkname = link
+    return info, data
+
+
+def make_raw_deb(
+    out_dir: Path,
+    package: str,
+    version: str,
+    arch: str,
+    data: list[tuple[tarfile.TarInfo, bytes]],
+    data_member: str = "data.tar",
+) -> Path:
+    """Write a .deb from explicit ``data.tar`` members (uncompressed), without dpkg-deb's checks."""
+    control = _tar([tar_entry("./control", _control(package, version, arch, {}).encode())])
+    deb = out_dir / pool_name(package, version, arch)
+    deb.write_bytes(_ar([("debian-binary", b"2.0\n"), ("control.tar", control), (data_member, _tar(data))]))
+    return deb
+
+
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def control_of(deb: Path) -> dict[str, str]:
+    """The control fields of a .deb, via ``dpkg-deb``."""
+    text = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout
+    return {
+        k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if line and line[0] != " ")
+    }
+
+
+def lock_for(debs: list[Path], arch: str) -> dict[str, object]:
+    """A lock document naming exactly ``debs`` (what ``sparkseal lock debian`` would write for them)."""
+    packages = []
+    for deb in debs:
+        fields = control_of(deb)
+        packages.append(
+            {
+                "architecture": fields["Architecture"],
+                "filename": deb.name,
+                "package": fields["Package"],
+                "sha256": sha256(deb),
+                "size": deb.stat().st_size,
+                "version": fields["Version"],
+            }
+        )
+    packages.sort(key=lambda p: str(p["package"]))
+    roots = sorted(str(p["package"]) for p in packages)
+    return {
+        "architecture": arch,
+        "format": 1,
+        "generator": "fixture",
+        "packages": packages,
+        "roots": roots,
+        "suite": "bookworm",
+    }
+
+
+def write_lock(path: Path, lock: dict[str, object]) -> Path:
+    """Write ``lock`` as the lock writer does."""
+    path.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+class AptRepo:
+    """A flat apt repository (``Packages`` + ``Release``) of ``debs``, served on loopback from a thread."""
+
+    def __init__(self, root: Path, debs: list[Path], codename: str = "bookworm") -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        paragraphs = []
+        for deb in debs:
+            if deb.parent != root:
+                shutil.copyfile(deb, root / deb.name)
+            control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True)
+            data = (root / deb.name).read_bytes()
+            extra = f"Filename: ./{deb.name}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
+            paragraphs.append(control.stdout.rstrip("\n") + "\n" + extra)
+        packages = "\n".join(paragraphs).encode()
+        (root / "Packages").write_bytes(packages)
+        digest = hashlib.sha256(packages).hexdigest()
+        (root / "Release").write_text(
+            f"Codename: {codename}\nSuite: {codename}\nSHA256:\n {digest} {len(packages)} Packages\n"
+        )
+        self.requests: Counter[str] = Counter()
+        self.served_bytes_override: dict[str, bytes] = {}
+        self.sources = root.parent / f"{root.name}.sources.list"
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> AptRepo:
+        repo = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                """Keep test output quiet."""
+
+            def do_GET(self) -> None:
+                repo.requests[self.path] += 1
+                name = self.path.rsplit("/", 1)[-1]
+                if name in repo.served_bytes_override:
+                    body = repo.served_bytes_override[name]
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                super().do_GET()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(self.root)))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        host, port = self._server.server_address[:2]
+        self.url = f"http://{host}:{port}/"
+        self.sources.write_text(f"deb [trusted=yes] {self.url} ./\n")
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._server is not None and self._thread is not None
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def deb_requests(self) -> int:
+        """How many .deb downloads the server answered."""
+        return sum(n for path, n in self.requests.items() if path.endswith(".deb"))
+
+
+def materialize(tree: Path, links: Path, dirs: Path, dest: Path) -> None:
+    """Assemble the three rootfs outputs into a real directory tree (as the image's layer will hold it)."""
+    shutil.copytree(tree, dest)
+    for rel, entry in json.loads(dirs.read_text()).items():
+        path = dest / rel
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(int(entry["mode"], 8))
+        if os.geteuid() == 0:
+            os.chown(path, entry["uid"], entry["gid"])
+    for rel, target in json.loads(links.read_text()).items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)

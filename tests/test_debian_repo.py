@@ -1,0 +1,179 @@
+"""Bazel tests of `debian_packages` and `debian_rootfs`: a fixture workspace and a loopback apt repository."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+from tests.fixtures_debian import AptRepo, Exec, Link, lock_for, make_deb, sha256, write_lock
+
+pytestmark = [
+    pytest.mark.bazel,
+    pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)"),
+    pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed"),
+]
+
+ARCH = "amd64"
+COPIES = ("rules", "sparkseal", "third_party/bazel")
+WORKSPACE = """\
+workspace(name = "sparkseal")
+
+local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
+local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
+local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
+register_toolchains("//third_party/bazel/python:python3_toolchain")
+
+load("//rules/private:debian.bzl", "debian_packages")
+
+debian_packages(name = "debian_fixture", lock = "//:fixture.lock.json")
+"""
+BUILD = """\
+load("//rules/private:debian.bzl", "debian_rootfs")
+
+exports_files(["fixture.lock.json"])
+
+debian_rootfs(name = "rootfs", debs = ["@debian_fixture//:debs"], lock = "@debian_fixture//:lock")
+"""
+TARGETS = ("@debian_fixture//:debs", "@debian_fixture//:libfoo++1", "//:rootfs")
+
+
+@dataclass
+class Fixture:
+    """The fixture .debs, the apt repository serving them and a workspace factory."""
+
+    debs: list[Path]
+    repo: AptRepo
+    tmp: Path
+
+    def workspace(self, name: str, cache: Path, lock: dict[str, object] | None = None) -> Workspace:
+        root = self.tmp / name
+        for rel in COPIES:
+            shutil.copytree(REPO / rel, root / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (root / "WORKSPACE").write_text(WORKSPACE)
+        (root / "BUILD").write_text(BUILD)
+        rc = (REPO / ".bazelrc").read_text().splitlines()
+        (root / ".bazelrc").write_text(
+            "\n".join(line for line in rc if "repository_cache" not in line) + "\n"
+        )
+        write_lock(root / "fixture.lock.json", lock or lock_for(self.debs, ARCH))
+        return Workspace(
+            root=root,
+            output_base=self.tmp / f"{name}-output-base",
+            repository_cache=cache,
+            env=base_env(SPARKSEAL_APT_SOURCES=str(self.repo.sources)),
+        )
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
+    tmp = tmp_path_factory.mktemp("debian-bazel")
+    out = tmp / "debs"
+    out.mkdir()
+    debs = [
+        make_deb(
+            out,
+            "base-files",
+            "12.4",
+            ARCH,
+            {"usr/lib/os-release": b"ID=debian\n", "etc/os-release": Link("../usr/lib/os-release")},
+            dirs={"tmp": 0o1777},
+        ),
+        make_deb(out, "tool", "1.0", ARCH, {"bin/tool": Exec(b"#!/bin/sh\n"), "usr/bin/alias": Link("tool")}),
+        make_deb(out, "libfoo++1", "1:2.0-1", ARCH, {"usr/lib/libfoo.so.1": b"\x7fELF"}),
+    ]
+    with AptRepo(tmp / "repo", debs) as repo:
+        yield Fixture(debs, repo, tmp)
+
+
+def _bin(ws: Workspace, rel: str) -> Path:
+    return ws.bin_path(rel)
+
+
+def _digests(ws: Workspace) -> dict[str, str]:
+    tree = _bin(ws, "rootfs")
+    found = {
+        p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in tree.rglob("*")
+        if p.is_file()
+    }
+    for name in ("rootfs.links.json", "rootfs.dirs.json"):
+        found[name] = sha256(_bin(ws, name))
+    return found
+
+
+def test_fetch_rootfs_then_offline_clone_is_identical(fixture: Fixture) -> None:
+    cache = fixture.tmp / "cache-good"
+    ws = fixture.workspace("ws-good", cache)
+    try:
+        result = ws.bazel("build", *TARGETS)
+        assert result.returncode == 0, result.output
+        assert fixture.repo.deb_requests() == len(fixture.debs)
+        external = ws.output_base / "external/debian_fixture/debs"
+        assert sorted(p.name for p in external.iterdir()) == sorted(d.name for d in fixture.debs)
+        assert all(sha256(external / d.name) == sha256(d) for d in fixture.debs)
+        assert (_bin(ws, "rootfs/usr/bin/tool")).read_bytes() == b"#!/bin/sh\n"
+        links = json.loads(_bin(ws, "rootfs.links.json").read_text())
+        assert (links["bin"], links["usr/bin/alias"], links["etc/os-release"]) == (
+            "usr/bin",
+            "tool",
+            "../usr/lib/os-release",
+        )
+        dirs = json.loads(_bin(ws, "rootfs.dirs.json").read_text())
+        assert dirs["tmp"]["mode"] == "1777"
+        status = _bin(ws, "rootfs/var/lib/dpkg/status").read_text()
+        assert "Package: libfoo++1\nStatus: install ok installed\nVersion: 1:2.0-1" in status
+        digests = _digests(ws)
+    finally:
+        ws.shutdown()
+
+    # A second clone with the same repository cache asks the apt repository nothing at all.
+    before = sum(fixture.repo.requests.values())
+    clone = fixture.workspace("ws-clone", cache)
+    try:
+        result = clone.bazel("build", *TARGETS)
+        assert result.returncode == 0, result.output
+        assert sum(fixture.repo.requests.values()) == before
+        assert _digests(clone) == digests
+    finally:
+        clone.shutdown()
+
+
+def test_lock_sha256_that_apt_does_not_list_fails_naming_both(fixture: Fixture) -> None:
+    lock = lock_for(fixture.debs, ARCH)
+    entry = next(p for p in lock["packages"] if p["package"] == "tool")  # type: ignore[union-attr]
+    wrong = "0" * 64
+    entry["sha256"] = wrong
+    ws = fixture.workspace("ws-mismatch", fixture.tmp / "cache-mismatch", lock)
+    try:
+        result = ws.bazel("build", "@debian_fixture//:debs")
+    finally:
+        ws.shutdown()
+    assert result.returncode != 0
+    assert f"tool:{ARCH}=1.0: sha256 mismatch: expected {wrong}" in result.output
+    assert f"actual {sha256(fixture.debs[1])}" in result.output
+    assert not (ws.output_base / "external/debian_fixture/BUILD").exists()
+
+
+def test_corrupt_download_is_rejected_with_actual_hash(fixture: Fixture) -> None:
+    tool = fixture.debs[1]
+    corrupt = b"not the locked deb"
+    fixture.repo.served_bytes_override[tool.name] = corrupt
+    ws = fixture.workspace("ws-corrupt", fixture.tmp / "cache-corrupt")
+    try:
+        result = ws.bazel("build", "@debian_fixture//:debs")
+    finally:
+        fixture.repo.served_bytes_override.clear()
+        ws.shutdown()
+    assert result.returncode != 0
+    expected = f"tool=1.0 ({tool.name}): sha256 mismatch: expected {sha256(tool)}"
+    assert expected in result.output
+    assert f"actual {hashlib.sha256(corrupt).hexdigest()}" in result.output
+    cached = ws.repository_cache / "content_addressable/sha256"
+    assert not (cached / hashlib.sha256(corrupt).hexdigest()).exists()

@@ -1,0 +1,214 @@
+"""The Debian lock writer and URL resolver, against a loopback apt repository (and, marked, the real one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkseal.cli import main as cli_main
+from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, AptError, lock_debian, read_lock, resolve_uris
+from tests.bazel_util import REPO
+from tests.fixtures_debian import AptRepo, make_deb, sha256, write_lock
+
+pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed")
+
+ROOT_SET = ["app"]
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("debs")
+    return {
+        # app needs (liba or libb), the virtual package "virt", and pre (as a Pre-Depends).
+        "app": make_deb(
+            out,
+            "app",
+            "1.0",
+            "arm64",
+            {"usr/bin/app": b"app"},
+            depends="liba | libb, virt",
+            pre_depends="pre",
+        ),
+        "app_amd64": make_deb(out, "app", "1.0", "amd64", {"usr/bin/app": b"app"}, depends="prov"),
+        "liba": make_deb(out, "liba", "2:1.0-1", "arm64", {"usr/lib/liba": b"a"}),
+        "libb": make_deb(out, "libb", "1.0", "arm64", {"usr/lib/libb": b"b"}),
+        "prov": make_deb(out, "prov", "1.0", "all", {"usr/share/prov": b"p"}, provides="virt"),
+        "pre": make_deb(out, "pre", "3.0", "arm64", {"usr/lib/pre": b"p"}),
+        "unrelated": make_deb(out, "unrelated", "1.0", "arm64", {"usr/lib/u": b"u"}),
+    }
+
+
+@pytest.fixture(scope="module")
+def repo(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AptRepo]:
+    with AptRepo(tmp_path_factory.mktemp("apt") / "repo", list(debs.values())) as served:
+        yield served
+
+
+def test_lock_is_the_closure_with_index_hashes_and_is_stable(
+    repo: AptRepo, debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bookworm_arm64.lock.json"
+    assert lock_debian("arm64", out, ROOT_SET, repo.sources) == 0
+    text = out.read_text()
+    assert text.endswith("}\n")
+    document = json.loads(text)
+    assert document["architecture"] == "arm64"
+    assert document["suite"] == "bookworm"
+    assert document["roots"] == ROOT_SET
+    # The first alternative (liba), the provider of "virt" (prov) and the Pre-Depends (pre); never libb,
+    # unrelated, or the amd64 build of app.
+    expected = ["app", "liba", "pre", "prov"]
+    assert [p["package"] for p in document["packages"]] == expected
+    for entry in document["packages"]:
+        deb = debs[entry["package"]]
+        assert entry["filename"] == deb.name
+        assert entry["sha256"] == sha256(deb)
+        assert entry["size"] == deb.stat().st_size
+    liba = next(p for p in document["packages"] if p["package"] == "liba")
+    assert (liba["version"], liba["architecture"], liba["filename"]) == (
+        "2:1.0-1",
+        "arm64",
+        "liba_1.0-1_arm64.deb",
+    )
+    assert next(p for p in document["packages"] if p["package"] == "prov")["architecture"] == "all"
+    assert json.dumps(document, indent=2, sort_keys=True) + "\n" == text
+    assert "127.0.0.1" not in text
+    assert f"{out}: 4 packages for arm64" in capsys.readouterr().out
+
+    # Locking again changes nothing, and says so.
+    assert lock_debian("arm64", out, ROOT_SET, repo.sources) == 0
+    assert out.read_text() == text
+    assert "(unchanged)" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_lock_for_the_other_architecture(repo: AptRepo, tmp_path: Path) -> None:
+    out = tmp_path / "amd64.json"
+    assert lock_debian("amd64", out, ROOT_SET, repo.sources) == 0
+    packages = json.loads(out.read_text())["packages"]
+    assert [(p["package"], p["architecture"]) for p in packages] == [("app", "amd64"), ("prov", "all")]
+
+
+def test_unsatisfiable_dependency_names_it(
+    debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with AptRepo(tmp_path / "partial", [debs["app"], debs["liba"], debs["pre"]]) as partial:
+        assert lock_debian("arm64", tmp_path / "lock.json", ROOT_SET, partial.sources) == 1
+    assert "app : Depends: virt but it is not installable" in capsys.readouterr().err
+
+
+def test_unknown_root_fails_with_apt_message_and_writes_nothing(
+    repo: AptRepo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "lock.json"
+    assert lock_debian("arm64", out, ["app", "no-such-package"], repo.sources) == 1
+    err = capsys.readouterr().err
+    assert str(out) in err
+    assert "Unable to locate package no-such-package" in err
+    assert not out.exists()
+
+
+def test_sources_of_another_release_are_refused(
+    debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "lock.json"
+    with AptRepo(tmp_path / "trixie", [debs["pre"]], codename="trixie") as other:
+        assert lock_debian("arm64", out, ["pre"], other.sources) == 1
+    err = capsys.readouterr().err
+    assert "must all be bookworm" in err
+    assert "['trixie']" in err
+    assert not out.exists()
+
+
+def test_resolve_uris_gives_urls_of_the_locked_files(
+    repo: AptRepo, debs: dict[str, Path], tmp_path: Path
+) -> None:
+    lock = tmp_path / "lock.json"
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    urls = resolve_uris(lock, ["liba", "prov"], tmp_path / "scratch", repo.sources)
+    assert sorted(urls) == ["liba", "prov"]
+    for package, url in urls.items():
+        assert url.startswith(repo.url)
+        with urllib.request.urlopen(url) as response:
+            assert response.read() == debs[package].read_bytes()
+    assert sorted(resolve_uris(lock, [], tmp_path / "scratch2", repo.sources)) == [
+        "app",
+        "liba",
+        "pre",
+        "prov",
+    ]
+
+
+def test_resolve_uris_names_package_expected_and_actual_on_mismatch(
+    repo: AptRepo, debs: dict[str, Path], tmp_path: Path
+) -> None:
+    lock = tmp_path / "lock.json"
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    document = json.loads(lock.read_text())
+    wrong = "0" * 64
+    next(p for p in document["packages"] if p["package"] == "pre")["sha256"] = wrong
+    write_lock(lock, document)
+    with pytest.raises(AptError) as info:
+        resolve_uris(lock, ["pre"], tmp_path / "scratch", repo.sources)
+    message = str(info.value)
+    assert "pre:arm64=3.0" in message
+    assert f"expected {wrong}" in message
+    assert f"actual {sha256(debs['pre'])}" in message
+
+
+def test_resolve_uris_explains_a_version_the_sources_no_longer_carry(repo: AptRepo, tmp_path: Path) -> None:
+    lock = tmp_path / "lock.json"
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    document = json.loads(lock.read_text())
+    next(p for p in document["packages"] if p["package"] == "pre")["version"] = "2.9"
+    write_lock(lock, document)
+    with pytest.raises(AptError) as info:
+        resolve_uris(lock, ["pre"], tmp_path / "scratch", repo.sources)
+    message = str(info.value)
+    assert "Version '2.9' for 'pre' was not found" in message
+    assert "sparkseal lock debian --arch arm64" in message
+    assert "SPARKSEAL_APT_SOURCES" in message
+
+
+def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
+    lock = write_lock(
+        tmp_path / "lock.json", {"architecture": "arm64", "packages": [{"package": "x", "sha256": "ab"}]}
+    )
+    with pytest.raises(AptError, match=r"lock.json: malformed package entry .* missing 'version'"):
+        read_lock(lock)
+    write_lock(lock, {"architecture": "riscv64", "packages": []})
+    with pytest.raises(AptError, match=r"expected architecture one of amd64, arm64, got 'riscv64'"):
+        read_lock(lock)
+
+
+def test_cli_writes_the_named_lock(repo: AptRepo, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.lock.json"
+    # The CLI locks the real root set, which the fixture repository cannot satisfy: apt's message says so.
+    assert (
+        cli_main(["lock", "debian", "--arch", "arm64", "--out", str(out), "--sources", str(repo.sources)])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert "Unable to locate package" in err
+    assert not out.exists()
+    with pytest.raises(SystemExit) as info:
+        cli_main(["lock", "debian", "--arch", "arm64", "--sources", str(tmp_path / "missing.list")])
+    assert info.value.code == 2
+    assert "missing.list: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_checked_in_lock_still_resolves_on_the_archive(arch: str, tmp_path: Path) -> None:
+    lock = REPO / f"third_party/debian/bookworm_{arch}.lock.json"
+    locked_arch, debs = read_lock(lock)
+    assert locked_arch == arch
+    assert set(ROOTS) <= {d.package for d in debs}
+    assert json.loads(lock.read_text())["roots"] == sorted(ROOTS)
+    urls = resolve_uris(lock, [], tmp_path / "scratch")
+    assert sorted(urls) == sorted(d.package for d in debs)
