@@ -8,9 +8,9 @@ PYTEST_ARGS ?=
 setup:
 	@.ci/setup
 
-# The main job. Until the OCI image target lands, this builds the patched vLLM wheel for GB10.
+# The main job: the OCI image for GB10 (linux/arm64); `bazel run //:image.load` loads it.
 image: setup
-	bazel build //:vllm_wheel
+	bazel build //:image
 
 wheel: setup
 	bazel build //third_party/vllm:wheel_linux_aarch64 //third_party/vllm:wheel_linux_x86_64

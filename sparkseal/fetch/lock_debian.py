@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sparkseal.determinism import FILE_MODE
+from sparkseal.fetch.lock_vllm import write_atomically
 
 SUITE = "bookworm"
 ARCHITECTURES = ("amd64", "arm64")
@@ -249,18 +249,6 @@ def lock_document(arch: str, roots: list[str], debs: list[LockedDeb]) -> dict[st
 def dump_lock(document: dict[str, Any]) -> str:
     """The lock's text: sorted keys, two-space indent, one trailing newline."""
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: readers see the old file or the new one, never a part."""
-    fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.chmod(part, FILE_MODE)
-        os.replace(part, path)
-    finally:
-        Path(part).unlink(missing_ok=True)
 
 
 def compute_lock(arch: str, roots: list[str], sources: Path | None = None) -> dict[str, Any]:
