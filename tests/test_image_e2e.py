@@ -63,15 +63,16 @@ def _run(image: str, *command: str, entrypoint: str | None = None) -> subprocess
 def test_vllm_and_sparkseal_import_and_the_patch_is_the_one_imported(loaded_image: str) -> None:
     script = (
         "import importlib.util, vllm, sparkseal\n"
-        "print(vllm.__version__)\n"
         f"spec = importlib.util.find_spec({SPECULATOR!r})\n"
-        "print(spec.origin)\n"
         "source = open(spec.origin).read()\n"
-        "print('fill_(-1)' in source and 'torch.full(' in source)\n"
+        "print('RESULT', vllm.__version__, spec.origin, 'fill_(-1)' in source and 'torch.full(' in source)\n"
     )
     done = _run(loaded_image, "-c", script, entrypoint="/opt/venv/bin/python3")
     assert done.returncode == 0, done.stderr[-4000:]
-    version, origin, patched = done.stdout.split()[-3:]
+    # vLLM logs to stdout while it imports; the answer is the one line marked RESULT.
+    results = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 1, done.stdout[-4000:]
+    version, origin, patched = results[0]
     assert version == LOCK["version"]
     assert (
         origin == "/opt/venv/lib/python3.11/site-packages/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
