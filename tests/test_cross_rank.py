@@ -61,11 +61,19 @@ from pathlib import Path
 import torch.distributed as dist
 from sparkseal.runtime import plugin
 
-rank, port, site, out, mode, manifest = sys.argv[1:7]
+rank, port, site, out, mode, manifest, backend = sys.argv[1:8]
 modules = ("vllm", "torch", "sparkseal")
 manifest = Path(manifest) if manifest != "-" else None
+if backend == "nccl":
+    import torch
+
+    torch.cuda.set_device(int(rank))
 dist.init_process_group(
-    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank), world_size=2, timeout=timedelta(seconds=60)
+    backend,
+    init_method=f"tcp://127.0.0.1:{port}",
+    rank=int(rank),
+    world_size=2,
+    timeout=timedelta(seconds=60),
 )
 try:
     if mode == "core":
@@ -108,7 +116,11 @@ def _free_port() -> int:
 
 
 def _run_ranks(
-    tmp_path: Path, sites: tuple[Path, Path], mode: str, manifest: Path | None = None
+    tmp_path: Path,
+    sites: tuple[Path, Path],
+    mode: str,
+    manifest: Path | None = None,
+    backend: str = "gloo",
 ) -> list[dict]:
     """Start both ranks, wait at most TIMEOUT seconds, return what each wrote."""
     worker = tmp_path / "worker.py"
@@ -126,6 +138,7 @@ def _run_ranks(
                 str(tmp_path / f"out{rank}.json"),
                 mode,
                 str(manifest) if manifest else "-",
+                backend,
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -154,10 +167,30 @@ def test_identical_trees_pass(tmp_path: Path, trees: tuple[Path, Path]) -> None:
     assert results == [{"digest": expected.digest()}] * 2
 
 
-def test_tampered_module_on_rank_1_stops_both_ranks(tmp_path: Path, trees: tuple[Path, Path]) -> None:
+def _two_gpus() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "gloo",
+        pytest.param(
+            "nccl",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not _two_gpus(), reason="needs two CUDA GPUs")],
+        ),
+    ],
+)
+def test_tampered_module_on_rank_1_stops_both_ranks(
+    tmp_path: Path, trees: tuple[Path, Path], backend: str
+) -> None:
     site0, site1 = trees
     (site1 / "vllm/config.py").write_bytes(b"MAX_MODEL_LEN = 8192\n")
-    results = _run_ranks(tmp_path, trees, "core")
+    results = _run_ranks(tmp_path, trees, "core", backend=backend)
     assert results[0] == results[1], "both ranks must raise the same message"
     message = results[0]["error"]
     digest0 = plugin.local_state(MODULES, [str(site0)], None).digest()
