@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -85,12 +86,15 @@ def locked_tool_wheel(project: str) -> Path:
     """
     entry = json.loads(TOOLS_FILES.read_text())["wheels"][project]
     filename, sha256 = entry["filename"], entry["sha256"]
-    for path in (
-        CACHE / "repository" / "content_addressable" / "sha256" / sha256 / "file",
-        CACHE / "downloads" / filename,
-    ):
-        if path.is_file() and sha256_of(path) == sha256:
-            return path
+    path = CACHE / "downloads" / filename
+    if path.is_file() and sha256_of(path) == sha256:
+        return path
+    # Bazel's repository cache names every file `file`; tools read a wheel's name, so copy it out.
+    cached = CACHE / "repository" / "content_addressable" / "sha256" / sha256 / "file"
+    if cached.is_file() and sha256_of(cached) == sha256:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cached, path)
+        return path
     path, _, _ = download(lookup(filename), CACHE / "downloads")
     actual = sha256_of(path)
     if actual != sha256:
