@@ -24,11 +24,31 @@ import html
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import BaseRequestHandler
 from types import TracebackType
 
 from sparkseal.fetch.index import JSON_CONTENT_TYPE, project_name
+
+
+def start_loopback(
+    handler: Callable[..., BaseRequestHandler],
+) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) from a daemon thread; stop it with ``stop_loopback``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop_loopback(server: ThreadingHTTPServer | None, thread: threading.Thread | None) -> None:
+    """Stop a server started by ``start_loopback`` and wait for its thread."""
+    assert server is not None and thread is not None
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 class FixtureIndex:
@@ -88,19 +108,13 @@ class FixtureIndex:
 
     def __enter__(self) -> FixtureIndex:
         handler = type("Handler", (_Handler,), {"index": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
+        self._server, self._thread = start_loopback(handler)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._server is not None and self._thread is not None
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        stop_loopback(self._server, self._thread)
 
     def _count(self, path: str) -> None:
         with self._lock:

@@ -26,6 +26,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 
+from tests.fixture_index import start_loopback, stop_loopback
+
 
 @dataclass(frozen=True)
 class Exec:
@@ -249,10 +251,7 @@ class AptRepo:
                     return
                 super().do_GET()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(self.root)))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
+        self._server, self._thread = start_loopback(partial(Handler, directory=str(self.root)))
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}/"
         self.sources.write_text(f"deb [trusted=yes] {self.url} ./\n")
@@ -261,10 +260,7 @@ class AptRepo:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._server is not None and self._thread is not None
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        stop_loopback(self._server, self._thread)
 
     def deb_requests(self) -> int:
         """How many .deb downloads the server answered."""
