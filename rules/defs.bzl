@@ -8,6 +8,7 @@ load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci
 load("//rules/private:oci_layer.bzl", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
 load("//rules/private:pex.bzl", _sparkseal_pex = "sparkseal_pex")
+load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
 load("//rules/private:vllm_lock.bzl", _vllm_lock = "vllm_lock")
@@ -26,8 +27,10 @@ oci_image = _oci_image
 oci_layer = _oci_layer
 oci_load = _oci_load
 patch_series = _patch_series
+provenance = _provenance
 pypi_file = _pypi_file
 python_lock = _python_lock
+sbom = _sbom
 sparkseal_pex = _sparkseal_pex
 vllm_lock = _vllm_lock
 vllm_patched_tree = _vllm_patched_tree

@@ -305,6 +305,103 @@ def _add_nccl_diff(commands: argparse._SubParsersAction) -> None:
     nccl.set_defaults(handler=_nccl_diff, parser=nccl)
 
 
+def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.audit.provenance_check import CheckInputError, check, render
+
+    if args.root is not None and not args.root.is_dir():
+        parser.error(f"--root {args.root}: expected a directory, found none")
+    try:
+        report = check(args.provenance, args.artifacts, args.root)
+    except CheckInputError as error:
+        parser.error(str(error))
+    print(render(report, args.json))
+    return 0 if report.ok else 1
+
+
+def _add_provenance(commands: argparse._SubParsersAction) -> None:
+    provenance = commands.add_parser("provenance", help="check a build's SLSA provenance")
+    actions = provenance.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser(
+        "check",
+        help="re-derive the subjects of a provenance statement from the artifacts on disk",
+        description="Read PROVENANCE (bazel-bin/provenance_<platform>.intoto.json, from "
+        "`bazel build //:provenance`) and re-derive each subject's digest: the image manifest of the OCI "
+        "layout (and every blob it names), the PEX tree digest, the sha256 of the module manifest and of "
+        "the SBOM. Each artifact is found at the subject's name below --root, unless an ARTIFACT of that "
+        "kind is given (an OCI layout directory, a PEX directory, a module manifest or an SPDX file, told "
+        "apart by content). A digest that differs is a finding (exit 1); a missing or unreadable "
+        "artifact is a usage error (exit 2).",
+    )
+    check.add_argument("provenance", type=Path, metavar="PROVENANCE", help="the in-toto statement (JSON)")
+    check.add_argument(
+        "artifacts", nargs="*", type=Path, metavar="ARTIFACT", help="artifacts to use instead of --root's"
+    )
+    check.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="where subjects are looked up by name (default: PROVENANCE's directory, i.e. bazel-bin)",
+    )
+    check.add_argument("--json", action="store_true", help="print a JSON report")
+    check.set_defaults(handler=_provenance_check, parser=check)
+
+
+def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.audit.rebuild import DEFAULT_TARGETS, RebuildError
+    from sparkseal.audit.verify_build import render, verify
+
+    targets = args.targets or list(DEFAULT_TARGETS)
+    if args.against and len(targets) != 1:
+        parser.error(
+            f"--against compares one target's digest, got {len(targets)} targets: {' '.join(targets)}"
+        )
+    if args.against and not re.fullmatch(r"sha256:[0-9a-f]{64}", args.against):
+        parser.error(f"--against {args.against}: expected sha256:<64 hex digits>")
+    workspace = args.workspace.resolve()
+    if not (workspace / "WORKSPACE").is_file():
+        parser.error(f"--workspace {workspace}: expected a Bazel workspace (no WORKSPACE file there)")
+    report_dir = args.report_dir or workspace / "bazel-verify"
+    try:
+        result = verify(workspace, targets, args.against, report_dir.resolve(), args.keep, args.scratch)
+    except RebuildError as error:
+        print(f"sparkseal verify: {error}", file=sys.stderr)
+        return 2
+    print(render(result, args.json))
+    return 0 if result.ok else 1
+
+
+def _add_verify(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.audit.rebuild import DEFAULT_TARGETS, SECOND_LOCALE, SECOND_TZ
+
+    verify = commands.add_parser(
+        "verify",
+        help="rebuild targets in a varied environment and compare with the first build",
+        description="Build TARGETS in the checkout (the first build), then again in a fresh copy of the "
+        "checkout at another path with a clean output base, files created in reverse order, HOME empty, "
+        f"TZ={SECOND_TZ}, LANG/LC_ALL={SECOND_LOCALE} and the umask's group-write bit flipped; disk and "
+        "remote caches off, downloads shared through the sha256-verified repository cache. Every output "
+        "is compared; an OCI image down to the layer and the file. Differences are findings (exit 1), "
+        "each with a diffoscope report; a failed build is exit 2.",
+    )
+    verify.add_argument(
+        "targets", nargs="*", metavar="TARGET", help=f"Bazel targets (default: {' '.join(DEFAULT_TARGETS)})"
+    )
+    verify.add_argument(
+        "--against",
+        metavar="DIGEST",
+        help="skip the first build: compare the rebuilt target's digest (image or PEX .digest output, else "
+        "its one file's sha256) with this published sha256:... digest",
+    )
+    verify.add_argument("--workspace", type=Path, default=Path.cwd(), help="the checkout (default: .)")
+    verify.add_argument(
+        "--report-dir", type=Path, help="where diffoscope reports go (default: WORKSPACE/bazel-verify)"
+    )
+    verify.add_argument("--scratch", type=Path, help="parent of the rebuild's temporary directory")
+    verify.add_argument("--keep", action="store_true", help="keep the rebuild's checkout and output base")
+    verify.add_argument("--json", action="store_true", help="print a JSON report")
+    verify.set_defaults(handler=_verify, parser=verify)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser of the ``sparkseal`` command with all its subcommands."""
     parser = argparse.ArgumentParser(
@@ -312,10 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_lock(commands)
+    _add_verify(commands)
     _add_verify_modules(commands)
     _add_serve(commands)
     _add_scan(commands)
     _add_nccl_diff(commands)
+    _add_provenance(commands)
     return parser
 
 

@@ -23,14 +23,19 @@ FIXTURE_COPIES = (
     "BUILD",
 )
 
-FIXTURE_WORKSPACE = """\
+# The offline stand-ins and the host Python toolchain: enough for rules that need no locked download.
+MINIMAL_WORKSPACE = """\
 workspace(name = "sparkseal")
 
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
 local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
 register_toolchains("//third_party/bazel/python:python3_toolchain")
+"""
 
+FIXTURE_WORKSPACE = (
+    MINIMAL_WORKSPACE
+    + """
 load("//rules:defs.bzl", "patch_series", "vllm_lock")
 
 vllm_lock(name = "vllm_lock", lock = "//third_party/vllm:vllm.lock.json")
@@ -41,6 +46,7 @@ vllm_repositories()
 
 patch_series(name = "vllm_patches", series = "//patches/vllm:series")
 """
+)
 
 
 @dataclass
@@ -110,7 +116,7 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def make_fixture_workspace(root: Path) -> None:
+def make_fixture_workspace(root: Path, workspace: str = FIXTURE_WORKSPACE) -> None:
     """Copy the rules and action programs into ``root`` and write a fixture WORKSPACE and .bazelrc."""
     for rel in FIXTURE_COPIES:
         source = REPO / rel
@@ -120,7 +126,7 @@ def make_fixture_workspace(root: Path) -> None:
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copyfile(source, target)
-    (root / "WORKSPACE").write_text(FIXTURE_WORKSPACE)
+    (root / "WORKSPACE").write_text(workspace)
     rc = (REPO / ".bazelrc").read_text()
     (root / ".bazelrc").write_text(
         "\n".join(line for line in rc.splitlines() if "repository_cache" not in line)

@@ -112,6 +112,9 @@ def test_password_rule(path: str, text: str, expected: list[tuple[int, str, str]
         ("10.1.2.0 network, 10.1.2.255 broadcast", []),
         ("nvidia-curand==10.4." + "0.35", []),  # a four-part version
         ('"version": "10.4.' + '0.35"', []),
+        ('"versionInfo": "10.4.' + '0.35"', []),  # SPDX
+        ("pkg:pypi/nvidia-curand@10.4." + "0.35?arch=aarch64", []),  # a package URL
+        ("pkg:pypi/nvidia-curand host 10.4." + "0.35", [(1, "private-ipv4", "10.x.x.x")]),
         ("cuda-10.2." + "89.1", []),
         ("1.10.2." + "3.4", []),
         ("10.300.1.2", []),

@@ -24,6 +24,11 @@ def _oci_image_impl(ctx):
         info = layer[OciLayerInfo]
         args.add_all(["--layer", str(layer.label), info.descriptor, info.blob])
         inputs += [info.descriptor, info.blob]
+
+        # Not read by the image writer: an input so that no image is assembled from a layer whose scan
+        # found a secret (the scan action then writes no report and fails).
+        if info.scan_report:
+            inputs.append(info.scan_report)
     args.add("--platform", ctx.attr.platform)
     args.add("--tag", tag)
     args.add_all(ctx.attr.entrypoint, format_each = "--entrypoint=%s")

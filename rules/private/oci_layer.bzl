@@ -8,6 +8,7 @@ OciLayerInfo = provider(
         "blob": "File: the gzip-compressed layer",
         "descriptor": "File: JSON with diff_id, digest, mediaType and size",
         "tar": "File: the uncompressed layer, or None unless keep_tar",
+        "scan_report": "File: the layer's clean secret-scan report, or None when scan = False",
     },
 )
 
@@ -70,10 +71,33 @@ def _oci_layer_impl(ctx):
         mnemonic = "OciLayer",
         progress_message = "Writing image layer %s" % ctx.label,
     )
+    scan_report = _scan(ctx, blob) if ctx.attr.scan else None
     return [
         DefaultInfo(files = depset([f for f in (tar, blob, descriptor) if f])),
-        OciLayerInfo(blob = blob, descriptor = descriptor, tar = tar),
+        OciLayerInfo(blob = blob, descriptor = descriptor, tar = tar, scan_report = scan_report),
+        OutputGroupInfo(scan = depset([scan_report] if scan_report else [])),
     ]
+
+def _scan(ctx, blob):
+    # A separate action, so that the scan of one layer runs beside the writing of the next one and is
+    # cached with the layer bytes it read. It writes its report only when the layer is clean.
+    report = ctx.actions.declare_file(ctx.label.name + ".scan.json")
+    args = ctx.actions.args()
+    args.add_all(["--blob", blob, "--layer", str(ctx.label), "--report", report])
+    inputs = [blob]
+    if ctx.file.scan_allow:
+        args.add("--allow", ctx.file.scan_allow)
+        inputs.append(ctx.file.scan_allow)
+    ctx.actions.run(
+        executable = ctx.executable._scan_layer,
+        arguments = [args],
+        inputs = inputs,
+        outputs = [report],
+        env = ACTION_ENV,
+        mnemonic = "OciLayerScan",
+        progress_message = "Scanning image layer %s for secrets" % ctx.label,
+    )
+    return report
 
 oci_layer = rule(
     implementation = _oci_layer_impl,
@@ -101,6 +125,15 @@ and owner) or `directories`.""",
         "directories": attr.string_list(doc = "Image directories to write even when empty."),
         "modes": attr.string_dict(doc = "Image path -> octal mode (files 0644/0755, dirs 0755/1777)."),
         "keep_tar": attr.bool(doc = "Also write `name.tar`, the uncompressed layer (for inspection)."),
+        "scan": attr.bool(
+            default = True,
+            doc = "Scan the layer for secrets and private data (`sparkseal scan` rules); a finding fails the build.",
+        ),
+        "scan_allow": attr.label(
+            allow_single_file = [".json"],
+            doc = "Allow-list of the scan (`.sparkseal-scan-allow.json`; paths are paths inside the image).",
+        ),
         "_layer": tool("//sparkseal/build:layer"),
+        "_scan_layer": tool("//sparkseal/build:scan_layer"),
     },
 )

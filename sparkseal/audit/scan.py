@@ -123,13 +123,16 @@ def _literal_password(match: re.Match[bytes]) -> bool:
     return value[:1] not in b"$<%{" and value.lower() not in _PASSWORD_WORDS and not _placeholder(value)
 
 
-_VERSION_CONTEXT = re.compile(rb"(?i)(?:[=<>~!]=|version\W{0,4})$")
+# What precedes a four-part version: a requirement operator, a "version" or SPDX "versionInfo" key, or
+# the "@" of a package URL (pkg:pypi/nvidia-curand@10.4.0.35).
+_VERSION_CONTEXT = re.compile(rb"(?i)(?:[=<>~!]=|version(?:info)?\W{0,4}|pkg:[a-z]+/[^\s\"'@]+@)$")
+_VERSION_LOOKBEHIND = 128
 
 
 def _host_ipv4(match: re.Match[bytes]) -> bool:
     """Four octets naming a host, and not a four-part version (``==10.4.0.35``, ``"version": "..."``)."""
     octets = [int(o) for o in match.group(0).split(b".")]
-    before = match.string[max(0, match.start() - 16) : match.start()]
+    before = match.string[max(0, match.start() - _VERSION_LOOKBEHIND) : match.start()]
     version = _VERSION_CONTEXT.search(before) is not None
     return all(o <= 255 for o in octets) and octets[3] not in (0, 255) and not version
 
@@ -552,6 +555,21 @@ def _member_path(name: str) -> str:
     return name.removeprefix("./").lstrip("/")
 
 
+def scan_layer_stream(stream: IO[bytes], layer: str) -> tuple[int, list[Finding]]:
+    """Scan every regular file of one layer tar (any compression), streamed; return (files, findings)."""
+    files, findings = 0, []
+    with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        for member in tar:
+            name = _member_path(member.name)
+            if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):
+                continue
+            content = tar.extractfile(member)
+            assert content is not None  # a regular member always has content
+            files += 1
+            findings.extend(scan_stream(name, content, layer))
+    return files, findings
+
+
 def scan_image(path: Path) -> tuple[int, list[Finding]]:
     """Scan every regular file of every layer, streaming the tars; return (files scanned, findings)."""
     source = _Source(path)
@@ -561,22 +579,23 @@ def scan_image(path: Path) -> tuple[int, list[Finding]]:
             short = layer_id[:19] if layer_id.startswith("sha256:") else layer_id
             with source.open(blob) as stream:
                 try:
-                    with tarfile.open(fileobj=stream, mode="r|*") as layer:
-                        for member in layer:
-                            name = _member_path(member.name)
-                            if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):
-                                continue
-                            content = layer.extractfile(member)
-                            assert content is not None  # a regular member always has content
-                            files += 1
-                            findings.extend(scan_stream(name, content, short))
+                    layer_files, layer_findings = scan_layer_stream(stream, short)
                 except tarfile.TarError as error:
                     raise ScanInputError(
                         f"{path}: layer {layer_id} is not a readable tar: {error}"
                     ) from error
+            files += layer_files
+            findings.extend(layer_findings)
     finally:
         source.close()
     return files, findings
+
+
+def apply_allowlist(findings: list[Finding], allow: list[AllowEntry]) -> Report:
+    """A report of ``findings``: those an allow-list entry covers are moved to ``allowed``."""
+    report = Report()
+    _apply_allowlist(report, findings, allow)
+    return report
 
 
 def run_scan(paths: list[Path], image: Path | None, allow: Path | None, root: Path | None = None) -> Report:

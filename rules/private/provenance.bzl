@@ -1,0 +1,152 @@
+"""`provenance` (in-toto Statement v1 with SLSA v1 provenance) and `sbom` (SPDX 2.3 JSON) of one platform.
+
+See sparkseal/build/provenance.py and sparkseal/build/sbom.py for what each document holds.
+`sparkseal provenance check bazel-bin/<name>.intoto.json` re-derives the provenance's subjects.
+"""
+
+load(":common.bzl", "ACTION_ENV", "tool")
+load(":kernels_wheel.bzl", "CudaArchsInfo")
+load(":oci_image.bzl", "OciImageInfo")
+
+PLATFORMS = ["linux_aarch64", "linux_x86_64"]
+
+def _one(target, suffix, is_directory):
+    found = [f for f in target.files.to_list() if f.basename.endswith(suffix) and f.is_directory == is_directory]
+    if len(found) != 1:
+        fail("sparkseal: %s: expected one %s ending in %s, found %d" % (
+            target.label,
+            "directory" if is_directory else "file",
+            suffix,
+            len(found),
+        ))
+    return found[0]
+
+def _patch_args(args, patches):
+    for patch in patches:
+        args.add_all(["--patch", patch.short_path, patch])
+
+def _provenance_impl(ctx):
+    out = ctx.actions.declare_file(ctx.label.name + ".intoto.json")
+    image = ctx.attr.image[OciImageInfo]
+    pex_dir = _one(ctx.attr.pex, ".pex", True)
+    pex_digest = _one(ctx.attr.pex, ".pex.digest", False)
+    args = ctx.actions.args()
+    args.use_param_file("@%s", use_always = True)
+    args.set_param_file_format("multiline")
+    args.add("--platform", ctx.attr.platform)
+    args.add("--vllm-lock", ctx.file.vllm_lock)
+    _patch_args(args, ctx.files.patches)
+    args.add("--python-lock", ctx.file.python_lock)
+    args.add("--tools-lock", ctx.file.tools_lock)
+    args.add("--debian-lock", ctx.file.debian_lock)
+    args.add("--cuda-lock", ctx.file.cuda_lock)
+    args.add_all(ctx.files.built_wheels, before_each = "--built-wheel")
+
+    # A subject is named by its path below bazel-bin; the action reads its digest file (image, PEX) or
+    # hashes it (module manifest, SBOM), never the large trees.
+    args.add_all(["--subject", "oci-image", image.layout.short_path, image.digest])
+    args.add("--image-tag", image.tag)
+    args.add_all(["--subject", "pex", pex_dir.short_path, pex_digest])
+    args.add_all(["--subject", "module-manifest", ctx.file.manifest.short_path, ctx.file.manifest])
+    args.add_all(["--subject", "sbom", ctx.file.sbom.short_path, ctx.file.sbom])
+    for target in [ctx.attr.image, ctx.attr.pex, ctx.attr.manifest, ctx.attr.sbom]:
+        args.add("--target", str(target.label))
+    args.add("--bazel-version", ctx.attr.bazel_version)
+    cuda_archs = ctx.attr._cuda_archs_flag[CudaArchsInfo].archs
+    if cuda_archs:
+        args.add("--cuda-archs", ";".join(cuda_archs))
+    args.add("--out", out)
+    ctx.actions.run(
+        executable = ctx.executable._provenance,
+        arguments = [args],
+        inputs = ctx.files.patches + ctx.files.built_wheels + [
+            ctx.file.vllm_lock,
+            ctx.file.python_lock,
+            ctx.file.tools_lock,
+            ctx.file.debian_lock,
+            ctx.file.cuda_lock,
+            image.digest,
+            pex_digest,
+            ctx.file.manifest,
+            ctx.file.sbom,
+        ],
+        outputs = [out],
+        env = ACTION_ENV,
+        mnemonic = "Provenance",
+        progress_message = "Writing the provenance of %s" % ctx.attr.platform,
+    )
+    return [DefaultInfo(files = depset([out]))]
+
+_LOCK = attr.label(mandatory = True, allow_single_file = [".json"])
+
+provenance = rule(
+    implementation = _provenance_impl,
+    doc = "Writes `name.intoto.json`: the SLSA v1 provenance (in-toto Statement v1) of one platform's image, " +
+          "PEX, module manifest and SBOM.",
+    attrs = {
+        "platform": attr.string(mandatory = True, values = PLATFORMS),
+        "image": attr.label(mandatory = True, providers = [OciImageInfo], doc = "oci_image target."),
+        "pex": attr.label(mandatory = True, doc = "sparkseal_pex target (`<name>.pex/` and `<name>.pex.digest`)."),
+        "manifest": attr.label(mandatory = True, allow_single_file = [".json"], doc = "module_manifest target."),
+        "sbom": attr.label(mandatory = True, allow_single_file = [".json"], doc = "sbom target."),
+        "vllm_lock": _LOCK,
+        "patches": attr.label_list(allow_files = [".patch"], doc = "The vLLM patch series, in order."),
+        "python_lock": _LOCK,
+        "tools_lock": _LOCK,
+        "debian_lock": _LOCK,
+        "cuda_lock": _LOCK,
+        "built_wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels the build makes (byproducts)."),
+        "bazel_version": attr.string(
+            mandatory = True,
+            doc = "The Bazel release the workspace is built with (Debian's bazel-bootstrap reports none).",
+        ),
+        "_cuda_archs_flag": attr.label(default = Label("//kernels_sm121:cuda_archs")),
+        "_provenance": tool("//sparkseal/build:provenance"),
+    },
+)
+
+def _sbom_impl(ctx):
+    out = ctx.actions.declare_file(ctx.label.name + ".spdx.json")
+    args = ctx.actions.args()
+    args.use_param_file("@%s", use_always = True)
+    args.set_param_file_format("multiline")
+    args.add("--platform", ctx.attr.platform)
+    args.add("--name", ctx.attr.document_name or ctx.label.name)
+    args.add("--vllm-lock", ctx.file.vllm_lock)
+    args.add("--python-lock", ctx.file.python_lock)
+    args.add("--debian-lock", ctx.file.debian_lock)
+    args.add("--vllm-wheel", ctx.file.vllm_wheel)
+    args.add_all(ctx.files.wheels, before_each = "--wheel")
+    _patch_args(args, ctx.files.patches)
+    args.add("--out", out)
+    ctx.actions.run(
+        executable = ctx.executable._sbom,
+        arguments = [args],
+        inputs = ctx.files.patches + ctx.files.wheels + [
+            ctx.file.vllm_lock,
+            ctx.file.python_lock,
+            ctx.file.debian_lock,
+            ctx.file.vllm_wheel,
+        ],
+        outputs = [out],
+        env = ACTION_ENV,
+        mnemonic = "Sbom",
+        progress_message = "Writing the SBOM of %s" % ctx.attr.platform,
+    )
+    return [DefaultInfo(files = depset([out]))]
+
+sbom = rule(
+    implementation = _sbom_impl,
+    doc = "Writes `name.spdx.json`: the SPDX 2.3 SBOM of one platform's image.",
+    attrs = {
+        "platform": attr.string(mandatory = True, values = PLATFORMS),
+        "document_name": attr.string(doc = "The SPDX document name; default: the target name."),
+        "vllm_lock": _LOCK,
+        "python_lock": _LOCK,
+        "debian_lock": _LOCK,
+        "vllm_wheel": attr.label(mandatory = True, allow_single_file = [".whl"], doc = "Our vLLM wheel."),
+        "wheels": attr.label_list(allow_files = [".whl"], doc = "Other wheels the build makes."),
+        "patches": attr.label_list(allow_files = [".patch"], doc = "The vLLM patch series, in order."),
+        "_sbom": tool("//sparkseal/build:sbom"),
+    },
+)

@@ -1,0 +1,238 @@
+"""``sparkseal provenance check``: re-derive a provenance statement's subjects from the artifacts on disk.
+
+Each subject of the statement (``sparkseal.build.provenance``) names its artifact by its path below
+``bazel-bin`` and says in ``annotations.kind`` how its digest is made. The artifact is looked up under a
+root directory (by default the statement's own directory: ``bazel-bin`` for the top package's
+``provenance_<platform>.intoto.json``) unless an artifact of that kind is given on the command line. Then:
+
+* ``oci-image`` (an OCI layout directory): the image manifest that ``index.json`` names is hashed, and so
+  are the config and every layer blob the manifest names; each must match its digest;
+* ``pex`` (a packed PEX directory): the sha256 of its ``sha256sum``-style listing;
+* ``module-manifest``, ``sbom`` (files): the sha256 of the file.
+
+A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest. A
+statement that is not an in-toto Statement v1 with SLSA v1 provenance, or an artifact that is missing, is
+an input error (:class:`CheckInputError`, exit 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkseal.build.module_manifest import FORMAT as MODULE_MANIFEST_FORMAT
+from sparkseal.build.module_manifest import sha256_file
+from sparkseal.build.pex_build import tree_digest
+from sparkseal.build.provenance import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS
+
+
+class CheckInputError(Exception):
+    """The statement or an artifact cannot be read; the message names the file and what was expected."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison: a subject (or a blob of the image) against what the artifact on disk gives."""
+
+    subject: str
+    kind: str
+    path: str
+    expected: str
+    actual: str
+
+    @property
+    def ok(self) -> bool:
+        """True when the artifact gives the recorded digest."""
+        return self.expected == self.actual
+
+
+@dataclass(frozen=True)
+class Report:
+    """The result of checking one statement."""
+
+    provenance: str
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when every check matched."""
+        return all(check.ok for check in self.checks)
+
+
+def load_statement(path: Path) -> list[dict[str, Any]]:
+    """The subjects of a provenance statement, each checked for a name, a sha256 and a known kind."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise CheckInputError(f"{path}: expected a provenance statement, found no file") from error
+    except (OSError, ValueError) as error:
+        raise CheckInputError(f"{path}: expected JSON, found unreadable content: {error}") from error
+    found = (data.get("_type"), data.get("predicateType")) if isinstance(data, dict) else (None, None)
+    if found != (STATEMENT_TYPE, PREDICATE_TYPE):
+        raise CheckInputError(
+            f"{path}: expected _type {STATEMENT_TYPE} and predicateType {PREDICATE_TYPE}, "
+            f"found {found[0]!r} and {found[1]!r}"
+        )
+    subjects = data.get("subject")
+    if not isinstance(subjects, list) or not subjects:
+        raise CheckInputError(f"{path}: expected a non-empty subject list, found {subjects!r}")
+    for index, subject in enumerate(subjects):
+        name = subject.get("name") if isinstance(subject, dict) else None
+        sha256 = (subject.get("digest") or {}).get("sha256") if isinstance(subject, dict) else None
+        kind = (subject.get("annotations") or {}).get("kind") if isinstance(subject, dict) else None
+        if not isinstance(name, str) or not isinstance(sha256, str) or kind not in SUBJECT_KINDS:
+            raise CheckInputError(
+                f"{path}: subject[{index}]: expected name, digest.sha256 and annotations.kind in "
+                f"{', '.join(SUBJECT_KINDS)}, found name={name!r} sha256={sha256!r} kind={kind!r}"
+            )
+    return subjects
+
+
+def artifact_kind(path: Path) -> str:
+    """The subject kind an artifact on the command line is: told apart by content, not by name."""
+    if path.is_dir():
+        if (path / "oci-layout").is_file():
+            return "oci-image"
+        if (path / "PEX-INFO").is_file():
+            return "pex"
+    elif path.is_file():
+        data = _json_object(path)
+        if data is not None and data.get("format") == MODULE_MANIFEST_FORMAT:
+            return "module-manifest"
+        if data is not None and "spdxVersion" in data:
+            return "sbom"
+    elif not path.exists():
+        raise CheckInputError(f"{path}: expected an artifact, found no file or directory")
+    raise CheckInputError(
+        f"{path}: expected an OCI layout directory, a PEX directory, a module manifest or an SPDX "
+        "document, found none of these"
+    )
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when the file does not hold one (checked before reading all)."""
+    try:
+        with path.open("rb") as stream:
+            if stream.read(1) != b"{":
+                return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _blob(layout: Path, digest: str, what: str) -> Path:
+    hexdigest = digest.removeprefix("sha256:")
+    blob = layout / "blobs" / "sha256" / hexdigest
+    if not digest.startswith("sha256:") or not blob.is_file():
+        raise CheckInputError(f"{layout}: expected the {what} blob {blob}, found no file")
+    return blob
+
+
+def image_checks(name: str, layout: Path, expected: str) -> list[Check]:
+    """The image manifest digest of an OCI layout, then every blob the manifest names."""
+    index_path = layout / "index.json"
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        manifests = index["manifests"]
+        if not isinstance(manifests, list) or len(manifests) != 1:
+            raise ValueError(f"expected one manifest, found {len(manifests)}")
+        digest = manifests[0]["digest"]
+    except FileNotFoundError as error:
+        raise CheckInputError(f"{index_path}: expected the index of an OCI layout, found no file") from error
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckInputError(
+            f"{index_path}: expected an OCI index naming one manifest, found: {error}"
+        ) from error
+    manifest_bytes = _blob(layout, digest, "image manifest").read_bytes()
+    checks = [Check(name, "oci-image", str(layout), expected, _sha256(manifest_bytes))]
+    try:
+        manifest = json.loads(manifest_bytes)
+        blobs = [(manifest["config"]["digest"], "config")]
+        blobs += [(layer["digest"], f"layer {number}") for number, layer in enumerate(manifest["layers"])]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckInputError(
+            f"{layout}: expected an image manifest with config and layers at {digest}, found: {error}"
+        ) from error
+    for blob_digest, what in blobs:
+        blob = _blob(layout, blob_digest, what)
+        checks.append(
+            Check(
+                f"{name} {what}",
+                "oci-blob",
+                str(blob),
+                blob_digest.removeprefix("sha256:"),
+                sha256_file(blob),
+            )
+        )
+    return checks
+
+
+def subject_checks(subject: dict[str, Any], artifact: Path) -> list[Check]:
+    """Re-derive one subject's digest from ``artifact``."""
+    name, kind, expected = subject["name"], subject["annotations"]["kind"], subject["digest"]["sha256"]
+    if kind == "oci-image":
+        if not (artifact / "index.json").exists():
+            raise CheckInputError(f"{artifact}: expected the OCI layout of {name}, found no index.json")
+        return image_checks(name, artifact, expected)
+    if kind == "pex":
+        if not artifact.is_dir():
+            raise CheckInputError(f"{artifact}: expected the PEX directory of {name}, found none")
+        return [Check(name, kind, str(artifact), expected, tree_digest(artifact).removeprefix("sha256:"))]
+    if not artifact.is_file():
+        raise CheckInputError(f"{artifact}: expected the {kind} file of {name}, found none")
+    return [Check(name, kind, str(artifact), expected, sha256_file(artifact))]
+
+
+def check(provenance: Path, artifacts: Iterable[Path] = (), root: Path | None = None) -> Report:
+    """Check every subject of ``provenance``; ``artifacts`` replace the lookup under ``root`` by kind."""
+    subjects = load_statement(provenance)
+    given: dict[str, Path] = {}
+    for path in artifacts:
+        kind = artifact_kind(path)
+        if kind in given:
+            raise CheckInputError(f"{path}: expected one artifact of kind {kind}, found also {given[kind]}")
+        given[kind] = path
+    kinds = {subject["annotations"]["kind"] for subject in subjects}
+    unused = sorted(set(given) - kinds)
+    if unused:
+        raise CheckInputError(
+            f"{given[unused[0]]}: is a {unused[0]} artifact, but {provenance} has no subject of that kind"
+        )
+    base = provenance.parent if root is None else root
+    checks: list[Check] = []
+    for subject in subjects:
+        kind = subject["annotations"]["kind"]
+        checks += subject_checks(subject, given.get(kind, base / subject["name"]))
+    return Report(str(provenance), tuple(checks))
+
+
+def render(report: Report, as_json: bool) -> str:
+    """The report as text (one line per check, then a summary) or as JSON."""
+    if as_json:
+        body = {
+            "provenance": report.provenance,
+            "ok": report.ok,
+            "checks": [{**asdict(check), "ok": check.ok} for check in report.checks],
+        }
+        return json.dumps(body, indent=2, sort_keys=True)
+    lines = []
+    for item in report.checks:
+        if item.ok:
+            lines.append(f"ok {item.subject} ({item.kind}) sha256:{item.actual}")
+        else:
+            lines.append(
+                f"DIFFERS {item.subject} ({item.kind}) at {item.path}: expected sha256:{item.expected} "
+                f"from {report.provenance}, actual sha256:{item.actual}"
+            )
+    bad = sum(not item.ok for item in report.checks)
+    lines.append(f"{len(report.checks)} checks, {bad} differ")
+    return "\n".join(lines)

@@ -1,0 +1,374 @@
+"""The SPDX 2.3 SBOM action: structure, checksums, relationships, determinism and every input error."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sparkseal import __version__
+from sparkseal.build import provenance, sbom
+
+COMMIT = "752a3a504485790a2e8491cacbb35c137339ad34"
+PLATFORM = "linux_aarch64"
+SPDX_ID = re.compile(r"SPDXRef-[A-Za-z0-9.-]+")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _json(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def _wheel(path: Path, payload: str) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("payload.txt", payload)
+    return path
+
+
+@dataclass
+class Inputs:
+    """The fixture's locks, patches and built wheels (small stand-ins for the real ones)."""
+
+    vllm_lock: Path
+    python_lock: Path
+    tools_lock: Path
+    debian_lock: Path
+    cuda_lock: Path
+    patches: list[tuple[str, Path]]
+    vllm_wheel: Path
+    sparkseal_wheel: Path
+
+
+def write_inputs(root: Path) -> Inputs:
+    """Write fixture locks, two patches and two built wheels under ``root``; used by test_provenance too."""
+    root.mkdir(parents=True, exist_ok=True)
+    vllm_lock = _json(
+        root / "vllm.lock.json",
+        {
+            "commit": COMMIT,
+            "name": "vllm",
+            "sdist": {"filename": "vllm-0.25.1.tar.gz", "sha256": _sha(b"sdist")},
+            "version": "0.25.1",
+            "wheels": {
+                platform: {
+                    "filename": f"vllm-0.25.1-cp38-abi3-manylinux_2_28_{platform.split('_', 1)[1]}.whl",
+                    "sha256": _sha(platform.encode()),
+                }
+                for platform in provenance.PLATFORMS
+            },
+        },
+    )
+    python_lock = _json(
+        root / "requirements_linux_aarch64.files.json",
+        {
+            "platform": PLATFORM,
+            "wheels": {
+                "typing-extensions": {
+                    "filename": "typing_extensions-4.15.0-py3-none-any.whl",
+                    "sha256": _sha(b"typing"),
+                    "version": "4.15.0",
+                },
+                "numpy": {
+                    "filename": "numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl",
+                    "sha256": _sha(b"numpy"),
+                    "version": "2.2.6",
+                },
+            },
+        },
+    )
+    tools_lock = _json(
+        root / "tools.files.json",
+        {
+            "platform": "any",
+            "wheels": {
+                "pex": {
+                    "filename": "pex-2.105.2-py3-none-any.whl",
+                    "sha256": _sha(b"pex"),
+                    "version": "2.105.2",
+                }
+            },
+        },
+    )
+    debian_lock = _json(
+        root / "bookworm_arm64.lock.json",
+        {
+            "architecture": "arm64",
+            "suite": "bookworm",
+            "packages": [
+                {
+                    "architecture": "arm64",
+                    "filename": "libstdc++6_12.2.0-14+deb12u1_arm64.deb",
+                    "package": "libstdc++6",
+                    "sha256": _sha(b"libstdc++6"),
+                    "version": "12.2.0-14+deb12u1",
+                },
+                {
+                    "architecture": "arm64",
+                    "filename": "base-files_12.4+deb12u15_arm64.deb",
+                    "package": "base-files",
+                    "sha256": _sha(b"base-files"),
+                    "version": "12.4+deb12u15",
+                },
+            ],
+        },
+    )
+    cuda_lock = _json(
+        root / "toolchain.lock.json",
+        {
+            "wheels": {
+                "nvidia-cuda-nvcc": {
+                    "files": {
+                        "linux_x86_64": {
+                            "filename": "nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl",
+                            "sha256": _sha(b"nvcc"),
+                        }
+                    },
+                    "version": "13.0.88",
+                }
+            }
+        },
+    )
+    patches = []
+    for name in ("0001-first.patch", "0002-second.patch"):
+        path = root / "patches" / "vllm" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"Subject: {name}\n--- a/x\n+++ b/x\n")
+        patches.append((f"patches/vllm/{name}", path))
+    built = root / "built"
+    built.mkdir()
+    vllm_wheel = _wheel(built / "vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl", "patched vllm")
+    sparkseal_wheel = _wheel(built / "sparkseal-0.1.0-py3-none-linux_aarch64.whl", "kernels")
+    return Inputs(
+        vllm_lock, python_lock, tools_lock, debian_lock, cuda_lock, patches, vllm_wheel, sparkseal_wheel
+    )
+
+
+def sbom_args(inputs: Inputs, out: Path) -> list[str]:
+    """The action's command line for the fixture."""
+    args = [
+        "--platform", PLATFORM,
+        "--name", "sparkseal-vllm-0.25.1-linux_aarch64",
+        "--vllm-lock", str(inputs.vllm_lock),
+        "--python-lock", str(inputs.python_lock),
+        "--debian-lock", str(inputs.debian_lock),
+        "--vllm-wheel", str(inputs.vllm_wheel),
+        "--wheel", str(inputs.sparkseal_wheel),
+        "--out", str(out),
+    ]  # fmt: skip
+    for name, path in inputs.patches:
+        args += ["--patch", name, str(path)]
+    return args
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Inputs:
+    return write_inputs(tmp_path / "in")
+
+
+def _run(inputs: Inputs, out: Path) -> dict:
+    assert sbom.main(sbom_args(inputs, out)) == 0
+    return json.loads(out.read_text())
+
+
+def test_document_fields_and_packages(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run(inputs, tmp_path / "sbom.spdx.json")
+
+    assert (doc["spdxVersion"], doc["dataLicense"], doc["SPDXID"]) == (
+        "SPDX-2.3",
+        "CC0-1.0",
+        "SPDXRef-DOCUMENT",
+    )
+    assert doc["name"] == "sparkseal-vllm-0.25.1-linux_aarch64"
+    assert doc["creationInfo"]["created"] == "1980-01-01T00:00:00Z"
+    assert doc["creationInfo"]["creators"] == [f"Tool: sparkseal-{__version__}"]
+    by_file = {p["packageFileName"]: p for p in doc["packages"]}
+    assert sorted(by_file) == sorted(
+        [
+            "base-files_12.4+deb12u15_arm64.deb",
+            "libstdc++6_12.2.0-14+deb12u1_arm64.deb",
+            "numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl",
+            "typing_extensions-4.15.0-py3-none-any.whl",
+            "vllm-0.25.1.tar.gz",
+            "vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",  # upstream and ours share the file name
+            "sparkseal-0.1.0-py3-none-linux_aarch64.whl",
+        ]
+    )
+    assert len(doc["packages"]) == 8
+    ids = [p["SPDXID"] for p in doc["packages"]]
+    assert len(set(ids)) == len(ids)
+    for package in doc["packages"]:
+        assert SPDX_ID.fullmatch(package["SPDXID"]), package["SPDXID"]
+        assert package["versionInfo"] and package["downloadLocation"] == "NOASSERTION"
+        assert package["filesAnalyzed"] is False
+        [checksum] = package["checksums"]
+        assert checksum["algorithm"] == "SHA256" and re.fullmatch(r"[0-9a-f]{64}", checksum["checksumValue"])
+
+    libstdcxx = by_file["libstdc++6_12.2.0-14+deb12u1_arm64.deb"]
+    assert libstdcxx["SPDXID"] == "SPDXRef-Deb-libstdc-6-12.2.0-14-deb12u1"
+    assert libstdcxx["checksums"][0]["checksumValue"] == _sha(b"libstdc++6")
+    assert libstdcxx["externalRefs"] == [
+        {
+            "referenceCategory": "PACKAGE-MANAGER",
+            "referenceType": "purl",
+            "referenceLocator": "pkg:deb/debian/libstdc%2B%2B6@12.2.0-14%2Bdeb12u1"
+            "?arch=arm64&distro=bookworm",
+        }
+    ]
+    numpy = by_file["numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl"]
+    assert (numpy["name"], numpy["versionInfo"]) == ("numpy", "2.2.6")
+    assert numpy["externalRefs"][0]["referenceLocator"] == (
+        "pkg:pypi/numpy@2.2.6?file_name=numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl"
+    )
+    kernels = by_file["sparkseal-0.1.0-py3-none-linux_aarch64.whl"]
+    assert (kernels["name"], kernels["versionInfo"]) == ("sparkseal", "0.1.0")
+    assert kernels["checksums"][0]["checksumValue"] == _sha(inputs.sparkseal_wheel.read_bytes())
+    assert "externalRefs" not in kernels
+
+
+def test_built_vllm_is_related_to_its_sources_and_patches(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run(inputs, tmp_path / "sbom.spdx.json")
+    ids = {p["SPDXID"]: p for p in doc["packages"]} | {f["SPDXID"]: f for f in doc["files"]}
+    ours = ids["SPDXRef-Built-vllm-0.25.1"]
+    assert ours["checksums"][0]["checksumValue"] == _sha(inputs.vllm_wheel.read_bytes())
+    assert COMMIT in ours["comment"]
+    assert ids["SPDXRef-Upstream-vllm-0.25.1"]["checksums"][0]["checksumValue"] == _sha(PLATFORM.encode())
+    assert ids["SPDXRef-Sdist-vllm-0.25.1"]["primaryPackagePurpose"] == "SOURCE"
+
+    files = {f["fileName"]: f for f in doc["files"]}
+    assert sorted(files) == ["./patches/vllm/0001-first.patch", "./patches/vllm/0002-second.patch"]
+    for name, path in inputs.patches:
+        data = path.read_bytes()
+        assert files["./" + name]["checksums"] == [
+            {"algorithm": "SHA1", "checksumValue": hashlib.sha1(data).hexdigest()},
+            {"algorithm": "SHA256", "checksumValue": _sha(data)},
+        ]
+
+    relations = {
+        (r["spdxElementId"], r["relationshipType"], r["relatedSpdxElement"]) for r in doc["relationships"]
+    }
+    for element, _, related in relations:
+        assert element == "SPDXRef-DOCUMENT" or element in ids
+        assert related in ids
+    described = {related for element, kind, related in relations if kind == "DESCRIBES"}
+    installed = {p["SPDXID"] for p in doc["packages"]} - {
+        "SPDXRef-Sdist-vllm-0.25.1",
+        "SPDXRef-Upstream-vllm-0.25.1",
+    }
+    assert described == installed
+    assert {(e, r) for e, kind, r in relations if kind == "GENERATED_FROM"} == {
+        ("SPDXRef-Built-vllm-0.25.1", "SPDXRef-Sdist-vllm-0.25.1"),
+        ("SPDXRef-Built-vllm-0.25.1", "SPDXRef-Upstream-vllm-0.25.1"),
+    }
+    assert {e for e, kind, r in relations if kind == "PATCH_APPLIED" and r == ours["SPDXID"]} == {
+        f["SPDXID"] for f in doc["files"]
+    }
+
+
+def test_namespace_is_the_content_digest(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run(inputs, tmp_path / "sbom.spdx.json")
+    without = {key: value for key, value in doc.items() if key != "documentNamespace"}
+    content = _sha(provenance.dumps(without).encode())
+    assert doc["documentNamespace"] == f"urn:sparkseal:spdx:sparkseal-vllm-0.25.1-linux_aarch64:{content}"
+
+    inputs.sparkseal_wheel.write_bytes(b"another build")
+    assert _run(inputs, tmp_path / "other.spdx.json")["documentNamespace"] != doc["documentNamespace"]
+
+
+def test_same_bytes_for_another_time_zone_and_argument_order(
+    inputs: Inputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    other = str(_wheel(inputs.sparkseal_wheel.parent / "extra-1.0-py3-none-any.whl", "extra"))
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    assert sbom.main([*sbom_args(inputs, first), "--wheel", other]) == 0
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    assert sbom.main(["--wheel", other, *reversed_flags(sbom_args(inputs, second))]) == 0
+    monkeypatch.undo()
+    time.tzset()
+    assert first.read_bytes() == second.read_bytes()
+    text = first.read_text()
+    assert text.endswith("}\n") and str(tmp_path) not in text
+
+
+def reversed_flags(args: list[str]) -> list[str]:
+    """The same options in reverse order; ``--patch`` options (whose order is the series) keep theirs."""
+    options: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--"):
+            options.append([arg])
+        else:
+            options[-1].append(arg)
+    patches = [option for option in options if option[0] == "--patch"]
+    rest = [option for option in options if option[0] != "--patch"]
+    return [arg for option in [*reversed(rest), *patches] for arg in option]
+
+
+def test_wrong_vllm_wheel(inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = sbom_args(inputs, tmp_path / "sbom.json")
+    args[args.index("--vllm-wheel") + 1] = str(inputs.sparkseal_wheel)
+    assert sbom.main(args) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"sbom: {inputs.sparkseal_wheel}: expected a vllm wheel, found project 'sparkseal'"
+    )
+    assert not (tmp_path / "sbom.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("lock", "edit", "message"),
+    [
+        (
+            "debian_lock",
+            lambda d: d["packages"][1].update(sha256="ABC"),
+            "{path}/packages[1]: expected 64 lowercase hex digits at sha256, found 'ABC'",
+        ),
+        (
+            "debian_lock",
+            lambda d: d.pop("suite"),
+            "{path}: expected a non-empty string at suite, found None",
+        ),
+        (
+            "python_lock",
+            lambda d: d["wheels"]["numpy"].pop("version"),
+            "{path}/wheels.numpy: expected a non-empty string at version, found None",
+        ),
+        (
+            "vllm_lock",
+            lambda d: d["wheels"].pop(PLATFORM),
+            "{path}: expected a non-empty string at wheels.linux_aarch64.filename, found None",
+        ),
+    ],
+)
+def test_lock_errors_name_file_key_and_value(
+    inputs: Inputs,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    lock: str,
+    edit: Callable[[dict], object],
+    message: str,
+) -> None:
+    path: Path = getattr(inputs, lock)
+    data = json.loads(path.read_text())
+    edit(data)
+    _json(path, data)
+    assert sbom.main(sbom_args(inputs, tmp_path / "sbom.json")) == 1
+    assert capsys.readouterr().err.strip() == "sbom: " + message.format(path=path)
+
+
+def test_missing_patch_is_named(inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name, path = inputs.patches[1]
+    path.unlink()
+    assert sbom.main(sbom_args(inputs, tmp_path / "sbom.json")) == 1
+    assert capsys.readouterr().err.strip() == f"sbom: {path}: expected the patch {name}, found no file"
