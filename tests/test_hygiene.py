@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -123,3 +124,36 @@ def test_every_starlark_file_loads(tmp_path: Path) -> None:
         workspace.shutdown()
     assert result.returncode == 0, result.output
     assert "//third_party/vllm:wheel_linux_aarch64" in result.output
+
+
+def _module_deps_table() -> dict[str, list[str]]:
+    text = (REPO / "sparkseal/build/BUILD").read_text()
+    table = re.search(r"^MODULE_DEPS = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
+    assert table, "sparkseal/build/BUILD: expected a MODULE_DEPS = {...} table, found none"
+    return ast.literal_eval(table.group(1))
+
+
+def _build_imports(module: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "sparkseal.build":
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sparkseal.build."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("sparkseal.build."))
+    return found
+
+
+def test_build_action_deps_match_their_imports() -> None:
+    """Each action program's Bazel inputs are the modules it imports: no more (cache misses), no fewer."""
+    table = _module_deps_table()
+    modules = sorted(p for p in (REPO / "sparkseal/build").glob("*.py") if p.stem != "__init__")
+    assert sorted(table) == [p.stem for p in modules], (
+        "sparkseal/build/BUILD: MODULE_DEPS lists other modules"
+    )
+    for module in modules:
+        assert sorted(_build_imports(module)) == table[module.stem], (
+            f"sparkseal/build/BUILD: MODULE_DEPS[{module.stem!r}]: expected {sorted(_build_imports(module))} "
+            f"(the imports of {module.name}), found {table[module.stem]}"
+        )

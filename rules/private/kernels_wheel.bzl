@@ -61,7 +61,11 @@ def _kernels_wheel_impl(ctx):
         env = ACTION_ENV,
         mnemonic = "KernelsWheel",
         progress_message = "Building %s (CUDA %s)" % (filename, ", ".join(archs)),
-        execution_requirements = {"block-network": "1"},
+        # CMake compiles the host-side C++ with the machine's own g++ / aarch64-linux-gnu-g++ (Debian
+        # bookworm, /usr/bin), which are not declared inputs: a remote worker may not have them, so this
+        # action always runs here. Its result may still come from, and go to, a shared cache; every machine
+        # that writes one must have the same Debian compiler packages (README, "CI operators").
+        execution_requirements = {"block-network": "1", "no-remote-exec": "1"},
     )
     return [DefaultInfo(files = depset([wheel]))]
 

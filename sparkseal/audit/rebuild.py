@@ -33,6 +33,10 @@ DEFAULT_TARGETS = ("//:image", "//:pex")
 # repository cache belongs to the caller.
 SECOND_TZ = "Pacific/Kiritimati"
 SECOND_LOCALE = "fr_CH.UTF-8"
+# Bazel 4's server decodes file names with the locale's charset: under a non-UTF-8 (or missing) locale a
+# tree artifact with a non-ASCII name (Debian's ca-certificates has some) fails validation. So the
+# second locale must be an installed UTF-8 one (`localedef -i fr_CH -f UTF-8 fr_CH.UTF-8` adds ours).
+UTF8_LOCALE = re.compile(r"(?i)^[a-z]{2,3}_[A-Z]{2}\.utf-?8$")
 _CHUNK = 1 << 20
 _BIN = re.compile(r"/bazel-out/[^/]+/bin/(.+)$")
 
@@ -200,16 +204,40 @@ def repository_cache(workspace: Path) -> Path:
     return Path.home() / ".cache" / "bazel" / "_bazel_root" / "cache" / "repos" / "v1"
 
 
+def installed_locales() -> list[str]:
+    """``locale -a``: the locales this machine can use."""
+    listed = subprocess.run(["locale", "-a"], capture_output=True, text=True, check=False)
+    return listed.stdout.split() if listed.returncode == 0 else []
+
+
+def second_locale(current: str, available: list[str]) -> str | None:
+    """An installed UTF-8 locale other than ``current``: :data:`SECOND_LOCALE` first; None if none."""
+    names = [SECOND_LOCALE, *sorted(a for a in available if UTF8_LOCALE.match(a))]
+    usable = {a.lower().replace("-", "") for a in available}
+    for name in names:
+        key = name.lower().replace("-", "")
+        if key in usable and key != current.lower().replace("-", ""):
+            return name
+    return None
+
+
 def second_environment(home: Path) -> tuple[dict[str, str], dict[str, str], int]:
     """The varied environment of the second build: (env, what changed and how, umask)."""
     current = os.umask(0)
     os.umask(current)
     umask = current ^ 0o020
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BAZEL", "LC_"))}
-    env.update(HOME=str(home), TZ=SECOND_TZ, LANG=SECOND_LOCALE, LC_ALL=SECOND_LOCALE)
+    env.update(HOME=str(home), TZ=SECOND_TZ)
+    first_locale = os.environ.get("LC_ALL") or os.environ.get("LANG") or "unset"
+    locale = second_locale(first_locale, installed_locales())
+    if locale is None:
+        change = f"not varied: no UTF-8 locale other than {first_locale} is installed (Bazel needs UTF-8)"
+    else:
+        env.update(LANG=locale, LC_ALL=locale)
+        change = f"{first_locale} -> {locale}"
     variations = {
         "HOME": f"{os.environ.get('HOME', '')} -> {home} (no user rc files)",
-        "LANG/LC_ALL": f"{os.environ.get('LC_ALL') or os.environ.get('LANG') or 'unset'} -> {SECOND_LOCALE}",
+        "LANG/LC_ALL": change,
         "TZ": f"{os.environ.get('TZ', 'unset')} -> {SECOND_TZ}",
         "umask": f"{current:04o} -> {umask:04o}",
         "file creation order": "sorted -> reverse sorted",

@@ -1,0 +1,216 @@
+"""Shared by the remote-cache and hermeticity tests: clones, Bazel's process summary, execution logs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.bazel_util import REPO, Workspace, base_env
+from tests.fixture_index import FixtureIndex
+from tests.test_bazel_fixture import WHEELS, Fixture, _artifacts, _workspace
+
+FIXTURE_TARGETS = tuple(f"//third_party/vllm:wheel_{platform}" for platform in WHEELS)
+SUMMARY = re.compile(r"^INFO: \d+ process(?:es)?(?:: (.*))?\.$", re.MULTILINE)
+
+
+def process_summary(output: str) -> dict[str, int]:
+    """Bazel's last ``INFO: N processes: 3 remote cache hit, 2 internal.`` line as ``{kind: count}``."""
+    matches = SUMMARY.findall(output)
+    if not matches:
+        raise AssertionError(
+            f"Bazel output: expected an 'INFO: N processes: ...' line, found none in:\n{output}"
+        )
+    summary: dict[str, int] = {}
+    for part in filter(None, matches[-1].split(", ")):
+        count, kind = part.split(" ", 1)
+        summary[kind] = int(count)
+    return summary
+
+
+def executed_locally(summary: dict[str, int]) -> int:
+    """How many processes of a summary ran on this machine (anything but cache hits and internal ones)."""
+    return sum(
+        n for kind, n in summary.items() if kind not in {"remote cache hit", "disk cache hit", "internal"}
+    )
+
+
+def clone_repo(dest: Path) -> Path:
+    """Copy the repository's working tree to ``dest`` (no ``.git``, no ``bazel-*`` links) and return it."""
+    shutil.copytree(
+        REPO,
+        dest,
+        ignore=lambda d, names: [n for n in names if n.startswith("bazel-") or n in {".git", "__pycache__"}],
+    )
+    return dest
+
+
+MINIMAL_WORKSPACE = """\
+workspace(name = "minimal")
+
+local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
+local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
+local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
+"""
+
+
+def minimal_workspace(
+    root: Path,
+    build: str,
+    files: dict[str, str] | None = None,
+    copies: tuple[str, ...] = (),
+    workspace_extra: str = "",
+) -> Workspace:
+    """A workspace with the repository's .bazelrc and platforms/, one BUILD file and ``files``.
+
+    ``copies`` are more repository paths to copy (``rules``, ``sparkseal``); ``workspace_extra`` is
+    appended to the WORKSPACE file. Its output base and repository cache lie beside ``root``; the user's
+    repository cache is not touched.
+    """
+    for rel in ("third_party/bazel", "platforms", *copies):
+        shutil.copytree(REPO / rel, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "WORKSPACE").write_text(MINIMAL_WORKSPACE + workspace_extra)
+    (root / "BUILD").write_text(build)
+    for rel, text in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    rc = (REPO / ".bazelrc").read_text()
+    (root / ".bazelrc").write_text(
+        "\n".join(line for line in rc.splitlines() if "repository_cache" not in line)
+    )
+    return Workspace(
+        root, root.parent / f"{root.name}-output-base", root.parent / f"{root.name}-cache", base_env()
+    )
+
+
+def real_clone(dest: Path, repository_cache: Path) -> Workspace:
+    """A copy of the repository at ``dest``/sparkseal with its own output base beside it."""
+    return Workspace(
+        root=clone_repo(dest / "sparkseal"),
+        output_base=dest / "output-base",
+        repository_cache=repository_cache,
+        env=base_env(),
+    )
+
+
+@dataclass
+class FixtureSource:
+    """The fake vLLM artifacts, the loopback index serving them and a repository cache for every clone."""
+
+    index: FixtureIndex
+    artifacts: dict[str, bytes]
+    repository_cache: Path
+
+    def clone(self, parent: Path) -> Fixture:
+        """A configured fixture workspace at ``parent``/ws (output base ``parent``/ws-output-base)."""
+        fixture = Fixture(
+            _workspace(parent / "ws", self.repository_cache, self.index), self.index, self.artifacts
+        )
+        fixture.configure()
+        return fixture
+
+
+@contextmanager
+def fixture_source(tmp: Path) -> Iterator[FixtureSource]:
+    """Make the fixture artifacts under ``tmp`` and serve them while the block runs."""
+    artifacts = _artifacts(tmp)
+    with FixtureIndex(artifacts) as index:
+        yield FixtureSource(index, artifacts, tmp / "repository-cache")
+
+
+@contextmanager
+def shut_down_after(*workspaces: Workspace) -> Iterator[None]:
+    """Stop the workspaces' Bazel servers and delete their output bases when the block ends."""
+    try:
+        yield
+    finally:
+        for workspace in workspaces:
+            workspace.shutdown()
+            shutil.rmtree(workspace.output_base, ignore_errors=True)
+
+
+def wheel_paths(workspace: Workspace) -> dict[str, Path]:
+    """The fixture's vLLM wheels under ``workspace``'s bazel-bin, by platform."""
+    return {p: workspace.bin_path(f"third_party/vllm/wheel_{p}/{name}") for p, name in WHEELS.items()}
+
+
+def read_execution_log(path: Path) -> list[dict[str, object]]:
+    """The spawns of a ``--execution_log_json_file`` (a stream of JSON objects, not one array)."""
+    text = path.read_text()
+    decoder = json.JSONDecoder()
+    spawns, pos = [], 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return spawns
+        spawn, pos = decoder.raw_decode(text, pos)
+        spawns.append(spawn)
+
+
+def spawn_table(spawns: list[dict[str, object]]) -> dict[tuple[str, ...], dict[str, object]]:
+    """Spawns keyed by their declared outputs: mnemonic, argv, environment and input/output digests."""
+    table: dict[tuple[str, ...], dict[str, object]] = {}
+    for spawn in spawns:
+        key = tuple(sorted(str(path) for path in spawn.get("listedOutputs", [])))
+        table[key] = {
+            "mnemonic": spawn.get("mnemonic"),
+            "argv": spawn.get("commandArgs", []),
+            "env": {e["name"]: e["value"] for e in spawn.get("environmentVariables", [])},
+            "inputs": {i["path"]: i.get("digest", {}).get("hash") for i in spawn.get("inputs", [])},
+            "outputs": {o["path"]: o.get("digest", {}).get("hash") for o in spawn.get("actualOutputs", [])},
+        }
+    return table
+
+
+def spawn_differences(
+    first: dict[tuple[str, ...], dict[str, object]], second: dict[tuple[str, ...], dict[str, object]]
+) -> list[str]:
+    """What differs between two spawn tables, one line per action and field (empty: identical)."""
+    lines = [f"action {key} only in the first log" for key in first.keys() - second.keys()]
+    lines += [f"action {key} only in the second log" for key in second.keys() - first.keys()]
+    for key in sorted(first.keys() & second.keys()):
+        for field, expected in first[key].items():
+            actual = second[key][field]
+            if isinstance(expected, dict) and isinstance(actual, dict):
+                changed = sorted(
+                    p for p in expected.keys() | actual.keys() if expected.get(p) != actual.get(p)
+                )
+                if changed:
+                    lines.append(f"action {key} {field}: differ at {changed[:5]}")
+            elif expected != actual:
+                lines.append(f"action {key} {field}: expected {expected}, actual {actual}")
+    return lines
+
+
+def _whole(value: str) -> re.Pattern[str]:
+    """``value`` as a whole path or word: ``/root`` is in ``/root/x``, not in ``a/root`` or ``/rootfs``."""
+    return re.compile(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])")
+
+
+def _client_values(workspace: Workspace) -> dict[str, re.Pattern[str]]:
+    """What must never reach an action: the client's paths and host name."""
+    return {
+        "workspace path": _whole(str(workspace.root)),
+        "output base": _whole(str(workspace.output_base)),
+        "$HOME": _whole(str(Path.home())),
+        "host name": _whole(socket.gethostname()),
+    }
+
+
+def client_value_leaks(spawns: list[dict[str, object]], workspace: Workspace) -> list[str]:
+    """Every argv word or ``NAME=value`` of the spawns that holds one of the client's paths or host name."""
+    found = []
+    for spawn in spawns:
+        env = [f"{e['name']}={e['value']}" for e in spawn.get("environmentVariables", [])]
+        for where, values in (("argv", spawn.get("commandArgs", [])), ("env", env)):
+            for value in values:
+                for what, pattern in _client_values(workspace).items():
+                    if pattern.search(str(value)):
+                        found.append(f"{spawn.get('mnemonic')} {where} holds the {what}: {value}")
+    return found
