@@ -11,26 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.bazel_util import REPO, Workspace, base_env
+from tests.bazel_util import MINIMAL_WORKSPACE, REPO, Workspace, base_env, copy_checkout
 from tests.fixture_index import FixtureIndex
 from tests.test_bazel_fixture import WHEELS, Fixture, _artifacts, _workspace
 
 FIXTURE_TARGETS = tuple(f"//third_party/vllm:wheel_{platform}" for platform in WHEELS)
-SUMMARY = re.compile(r"^INFO: \d+ process(?:es)?(?:: (.*))?\.$", re.MULTILINE)
-
-
-def process_summary(output: str) -> dict[str, int]:
-    """Bazel's last ``INFO: N processes: 3 remote cache hit, 2 internal.`` line as ``{kind: count}``."""
-    matches = SUMMARY.findall(output)
-    if not matches:
-        raise AssertionError(
-            f"Bazel output: expected an 'INFO: N processes: ...' line, found none in:\n{output}"
-        )
-    summary: dict[str, int] = {}
-    for part in filter(None, matches[-1].split(", ")):
-        count, kind = part.split(" ", 1)
-        summary[kind] = int(count)
-    return summary
 
 
 def executed_locally(summary: dict[str, int]) -> int:
@@ -42,21 +27,7 @@ def executed_locally(summary: dict[str, int]) -> int:
 
 def clone_repo(dest: Path) -> Path:
     """Copy the repository's working tree to ``dest`` (no ``.git``, no ``bazel-*`` links) and return it."""
-    shutil.copytree(
-        REPO,
-        dest,
-        ignore=lambda d, names: [n for n in names if n.startswith("bazel-") or n in {".git", "__pycache__"}],
-    )
-    return dest
-
-
-MINIMAL_WORKSPACE = """\
-workspace(name = "minimal")
-
-local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
-local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
-local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-"""
+    return copy_checkout(REPO, dest)
 
 
 def minimal_workspace(

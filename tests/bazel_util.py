@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -21,7 +22,10 @@ FIXTURE_COPIES = (
     "patches/vllm/BUILD",
     "overlay/vllm/BUILD",
     "BUILD",
+    "platforms",
 )
+
+_SUMMARY = re.compile(r"^INFO: \d+ process(?:es)?(?:: (.*))?\.$", re.MULTILINE)
 
 # The offline stand-ins and the host Python toolchain: enough for rules that need no locked download.
 MINIMAL_WORKSPACE = """\
@@ -131,3 +135,39 @@ def make_fixture_workspace(root: Path, workspace: str = FIXTURE_WORKSPACE) -> No
     (root / ".bazelrc").write_text(
         "\n".join(line for line in rc.splitlines() if "repository_cache" not in line)
     )
+
+
+def process_summary(output: str) -> dict[str, int]:
+    """Bazel's last ``INFO: N processes: 3 remote cache hit, 2 internal.`` line as ``{kind: count}``."""
+    matches = _SUMMARY.findall(output)
+    if not matches:
+        raise AssertionError(
+            f"Bazel output: expected an 'INFO: N processes: ...' line, found none in:\n{output}"
+        )
+    summary: dict[str, int] = {}
+    for part in filter(None, matches[-1].split(", ")):
+        count, kind = part.split(" ", 1)
+        summary[kind] = int(count)
+    return summary
+
+
+def spawned_processes(output: str) -> dict[str, int]:
+    """The process summary without Bazel-internal actions: where each action ran or was found."""
+    return {kind: n for kind, n in process_summary(output).items() if kind != "internal"}
+
+
+def copy_checkout(source: Path, target: Path) -> Path:
+    """Copy a checkout's working tree to ``target`` (no ``.git``, ``bazel-*`` links or caches); return it."""
+    shutil.copytree(
+        source,
+        target,
+        ignore=lambda d, names: [n for n in names if n.startswith("bazel-") or n in {".git", "__pycache__"}],
+    )
+    return target
+
+
+def remove_tree(path: Path) -> None:
+    """Delete ``path`` even where Bazel left read-only directories."""
+    if path.exists():
+        subprocess.run(["chmod", "-R", "u+w", str(path)], capture_output=True, check=False)
+        shutil.rmtree(path, ignore_errors=True)

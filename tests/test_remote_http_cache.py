@@ -15,7 +15,6 @@ from tests.bazel_remote import (
     client_value_leaks,
     executed_locally,
     fixture_source,
-    process_summary,
     read_execution_log,
     real_clone,
     shut_down_after,
@@ -23,7 +22,7 @@ from tests.bazel_remote import (
     spawn_table,
     wheel_paths,
 )
-from tests.bazel_util import BAZEL, REPO, Workspace
+from tests.bazel_util import BAZEL, REPO, Workspace, process_summary
 from tests.nginx_cache import NGINX, NginxCache
 
 pytestmark = [

@@ -5,10 +5,7 @@ Secrets here are assembled at run time so that this file itself stays clean.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,19 +13,12 @@ import pytest
 
 from sparkseal.build import scan_layer
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
-
-AWS = "AKIA" + "Q3EGHT7ZKD2MX5PN"
-HOME = "/" + "home/" + "alice"
+from tests.test_scan import AWS, HOME
+from tests.test_scan import _layer as layer_bytes
 
 
 def _layer(path: Path, files: dict[str, bytes]) -> Path:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    path.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
+    path.write_bytes(layer_bytes(files))
     return path
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from sparkseal.audit.scan import ScanInputError, git_listed
+
 DEFAULT_TARGETS = ("//:image", "//:pex")
 
 # What differs between the first and the second build, besides the checkout path and the output base.
@@ -65,17 +67,11 @@ def sha256_file(path: Path) -> str:
 
 
 def checkout_files(root: Path) -> list[str]:
-    """What ``git`` would commit: tracked and untracked-not-ignored paths, without ``bazel-*`` links."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        check=False,
-    )
-    if listed.returncode != 0:
-        raise RebuildError(f"{root}: expected a git checkout: {listed.stderr.decode().strip()}")
-    names = {n for n in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if n}
-    return sorted(n for n in names if not n.split("/")[0].startswith("bazel-") and os.path.lexists(root / n))
+    """What ``git`` would commit: tracked and untracked-not-ignored paths, symlinks included."""
+    try:
+        return [n for n in git_listed(root) if os.path.lexists(root / n)]
+    except ScanInputError as error:
+        raise RebuildError(f"expected a git checkout: {error}") from error
 
 
 def copy_checkout(root: Path, dest: Path) -> None:

@@ -435,8 +435,8 @@ def _apply_allowlist(report: Report, findings: list[Finding], allow: list[AllowE
     report.unused_allow = [e for e in allow if e not in used]
 
 
-def repository_files(root: Path) -> list[str]:
-    """The files git would commit: tracked and untracked-not-ignored, without ``bazel-*`` and ``.git``."""
+def git_listed(root: Path) -> list[str]:
+    """What git would commit, sorted: tracked and untracked-not-ignored paths; no ``bazel-*``, no ``.git``."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=root,
@@ -444,18 +444,20 @@ def repository_files(root: Path) -> list[str]:
         check=False,
     )
     if listed.returncode != 0:
-        raise ScanInputError(
-            f"{root}: not a git checkout ({listed.stderr.decode().strip()}); name PATHS to scan"
-        )
+        raise ScanInputError(f"{root}: not a git checkout ({listed.stderr.decode().strip()})")
     names = sorted({n for n in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if n})
     return [
-        n
-        for n in names
-        if not n.split("/")[0].startswith("bazel-")
-        and not SKIP_DIRS & set(n.split("/"))
-        and (root / n).is_file()
-        and not (root / n).is_symlink()
+        n for n in names if not n.split("/")[0].startswith("bazel-") and not SKIP_DIRS & set(n.split("/"))
     ]
+
+
+def repository_files(root: Path) -> list[str]:
+    """The regular files git would commit (no symlinks), as :func:`git_listed` names them."""
+    try:
+        names = git_listed(root)
+    except ScanInputError as error:
+        raise ScanInputError(f"{error}; name PATHS to scan") from error
+    return [n for n in names if (root / n).is_file() and not (root / n).is_symlink()]
 
 
 def _walk(path: Path) -> Iterator[Path]:

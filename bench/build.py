@@ -1,0 +1,329 @@
+"""Benchmark: what a sparkseal build costs, cold, warm, incremental, from a shared cache and remotely.
+
+    python3 bench/build.py [--runs 3] [--images linux_x86_64 linux_aarch64] [--out bench/results/build.md]
+
+Every row is a wall-clock time (Bazel server start included where the output base is new), the median of
+``--runs`` runs where a scenario repeats (``--image-runs`` for the images, which take minutes each). Each
+run works in a fresh copy of the checkout with its own output base, deleted afterwards.
+
+Scenarios, for our vLLM wheel and for each image:
+
+* cold, empty download cache: a new repository cache, so the locked files come from the configured index;
+* cold, warm download cache: a new output base, the user's repository cache;
+* no-op: the same build again;
+* one patch edited: a line of the first patch's description changed; the row counts the actions that ran
+  and, for an image, the layers that changed and their bytes against the image's total;
+* clone from the HTTP cache / the gRPC cache: clone A builds with nginx (WebDAV) or BuildGrid as a
+  read-write remote cache, clone B at another path with an empty output base builds from it; the row is B's
+  time and its hit rate (remote cache hits over all non-internal actions).
+
+Remote execution runs on the fixture workspace (a small fake vLLM release served from loopback) with one
+and with two bots of the test harness. The physical limit beside each target is the least work its bytes
+need on this machine: for the wheel, reading the upstream wheel, hashing it and writing it back; for an
+image, ``tar`` of the image's files (the installed trees and the Debian root file system) piped into
+``sha256sum``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the servers and bots of the test harness
+
+from tests.bazel_remote import clone_repo, fixture_source  # noqa: E402
+from tests.bazel_util import Workspace, base_env, process_summary, remove_tree  # noqa: E402
+from tests.buildgrid_server import bots, buildgrid, postgres  # noqa: E402
+from tests.nginx_cache import NginxCache  # noqa: E402
+
+SHARED_CACHE = Path.home() / ".cache" / "sparkseal" / "repository"
+PATCH_EDIT = ("Reason:", "Reason: (edited by the benchmark)")
+
+
+@dataclass
+class Row:
+    """One scenario: its times, and notes (actions run, hit rate, changed bytes)."""
+
+    times: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+@dataclass
+class Build:
+    """One timed Bazel build: seconds and the process summary."""
+
+    seconds: float
+    processes: dict[str, int]
+
+
+def bazel(workspace: Workspace, *args: str, timeout: float = 3600) -> Build:
+    """Run and time one Bazel command; exit with its output on failure."""
+    start = time.monotonic()
+    result = workspace.bazel(*args, timeout=timeout)
+    seconds = time.monotonic() - start
+    if result.returncode != 0:
+        sys.exit(f"bench: bazel {' '.join(args)} in {workspace.root} failed:\n{result.output[-4000:]}")
+    return Build(seconds, process_summary(result.output) if args[0] == "build" else {})
+
+
+def executed(processes: dict[str, int]) -> int:
+    """Actions that ran (anything but internal ones and cache hits)."""
+    return sum(n for kind, n in processes.items() if kind != "internal" and "cache hit" not in kind)
+
+
+def hit_rate(processes: dict[str, int]) -> str:
+    hits = sum(n for kind, n in processes.items() if "cache hit" in kind)
+    total = sum(n for kind, n in processes.items() if kind != "internal")
+    return f"hit rate {hits}/{total}"
+
+
+@contextmanager
+def clone(scratch: Path, name: str, cache: Path = SHARED_CACHE) -> Iterator[Workspace]:
+    """A fresh copy of the checkout with its own output base; both removed afterwards."""
+    root = clone_repo(scratch / name / "sparkseal")
+    workspace = Workspace(root, scratch / name / "output-base", cache, base_env())
+    try:
+        yield workspace
+    finally:
+        workspace.shutdown()
+        remove_tree(scratch / name)
+
+
+def bin_dir(workspace: Workspace) -> Path:
+    return workspace.output_base / "execroot" / "sparkseal" / "bazel-out" / "k8-fastbuild" / "bin"
+
+
+def layers(workspace: Workspace, image: str) -> dict[str, int]:
+    """``{layer digest: size}`` of an image's OCI layout in a workspace."""
+    layout = bin_dir(workspace) / image
+    index = json.loads((layout / "index.json").read_text())
+    digest = index["manifests"][0]["digest"].split(":", 1)[1]
+    manifest = json.loads((layout / "blobs" / "sha256" / digest).read_text())
+    return {layer["digest"]: layer["size"] for layer in manifest["layers"]}
+
+
+def edit_patch(root: Path) -> None:
+    patch = sorted((root / "patches/vllm").glob("*.patch"))[0]
+    patch.write_text(patch.read_text().replace(*PATCH_EDIT, 1))
+
+
+def local_scenarios(
+    scratch: Path, target: str, runs: int, image: str | None, last: Callable[[Workspace], Row] | None = None
+) -> dict[str, Row]:
+    """Cold (empty and warm download cache), no-op and one-patch-edited rows for ``target``.
+
+    ``last``, if given, measures one more row on the last run's workspace before it is removed.
+    """
+    rows: dict[str, Row] = {}
+    for run in range(runs):
+        empty = run == 0
+        cache = scratch / "empty-repository-cache" if empty else SHARED_CACHE
+        with clone(scratch, f"local{run}", cache) as ws:
+            key = "cold, empty download cache" if empty else "cold, warm download cache"
+            rows.setdefault(key, Row()).times.append(bazel(ws, "build", target).seconds)
+            rows.setdefault("no-op", Row()).times.append(bazel(ws, "build", target).seconds)
+            before = layers(ws, image) if image else {}
+            edit_patch(ws.root)
+            edited = bazel(ws, "build", target)
+            row = rows.setdefault("one patch edited", Row())
+            row.times.append(edited.seconds)
+            note = f"{executed(edited.processes)} actions ran"
+            if image:
+                after = layers(ws, image)
+                changed = sum(size for digest, size in after.items() if digest not in before)
+                note += (
+                    f", {sum(d not in before for d in after)}/{len(after)} layers changed, "
+                    f"{changed / 1e6:.0f} MB of {sum(after.values()) / 1e6:.0f} MB"
+                )
+            row.notes.append(note)
+            if last is not None and run == runs - 1:
+                rows["physical limit (tar of the image's files | sha256sum)"] = last(ws)
+        if empty:
+            remove_tree(cache)
+    return rows
+
+
+def cache_scenario(scratch: Path, target: str, flags: Callable[[], list[str]], name: str) -> Row:
+    """Clone A fills the remote cache, clone B builds from it: B's time and hit rate."""
+    row = Row()
+    with clone(scratch, f"{name}-a") as first:
+        bazel(first, "build", *flags(), target)
+    with clone(scratch, f"{name}-b") as second:
+        result = bazel(second, "build", *flags(), target)
+    row.times.append(result.seconds)
+    row.notes.append(f"{hit_rate(result.processes)}, {executed(result.processes)} ran locally")
+    return row
+
+
+def cache_rows(scratch: Path, target: str) -> dict[str, Row]:
+    """The HTTP (nginx WebDAV) and gRPC (BuildGrid) cache rows for ``target``."""
+    rows = {}
+    with NginxCache(scratch) as nginx:
+        rows["clone from the HTTP cache"] = cache_scenario(
+            scratch, target, lambda: ["--config=remote-cache", f"--remote_cache={nginx.url}"], "http"
+        )
+    with buildgrid(scratch / "buildgrid") as grid:
+        rows["clone from the gRPC cache"] = cache_scenario(
+            scratch,
+            target,
+            lambda: [
+                "--config=remote-cache",
+                f"--remote_cache={grid.url}",
+                f"--remote_instance_name={grid.instance}",
+            ],
+            "grpc",
+        )
+    return rows
+
+
+def remote_execution_rows(scratch: Path, runs: int) -> dict[str, Row]:
+    """The fixture workspace's two wheels built with --config=rbe on one and on two bots."""
+    rows: dict[str, Row] = {}
+    targets = ["//third_party/vllm:wheel_linux_aarch64", "//third_party/vllm:wheel_linux_x86_64"]
+    with fixture_source(scratch / "fixture") as source, postgres() as database:
+        for count in (1, 2):
+            row = rows.setdefault(f"fixture workspace, remote execution, {count} bot(s)", Row())
+            with (
+                buildgrid(scratch / f"re{count}", database=database) as grid,
+                bots(grid, scratch / f"bots{count}", count=count),
+            ):
+                for run in range(runs):
+                    fixture = source.clone(scratch / f"re{count}-{run}")
+                    ws = fixture.ws
+                    flags = [
+                        "--config=rbe",
+                        f"--remote_executor={grid.url}",
+                        f"--remote_instance_name={grid.instance}-{count}-{run}",
+                    ]
+                    result = bazel(ws, "build", *flags, *targets, timeout=600)
+                    row.times.append(result.seconds)
+                    row.notes.append(f"{result.processes.get('remote', 0)} remote")
+                    ws.shutdown()
+                    remove_tree(scratch / f"re{count}-{run}")
+    return rows
+
+
+def physical_limit_wheel(wheel: Path, runs: int) -> Row:
+    row = Row()
+    for _ in range(runs):
+        start = time.monotonic()
+        data = wheel.read_bytes()
+        subprocess.run(["sha256sum"], input=data, capture_output=True, check=True)
+        with tempfile.NamedTemporaryFile() as out:
+            out.write(data)
+            out.flush()
+        row.times.append(time.monotonic() - start)
+    return row
+
+
+def physical_limit_image(platform_name: str, runs: int) -> Callable[[Workspace], Row]:
+    """tar of the image's files (installed trees, Debian root file system) into sha256sum."""
+    trees = [f"venv_{layer}_{platform_name}" for layer in ("torch", "deps", "vllm", "sparkseal")]
+    trees.append(f"third_party/debian/rootfs_{platform_name}")
+
+    def measure(ws: Workspace) -> Row:
+        row = Row()
+        bin_path = bin_dir(ws)
+        for _ in range(runs):
+            start = time.monotonic()
+            subprocess.run(
+                f"tar -cf - {' '.join(trees)} | sha256sum",
+                shell=True,
+                cwd=bin_path,
+                capture_output=True,
+                check=True,
+            )
+            row.times.append(time.monotonic() - start)
+        files = [f for t in trees for f in (bin_path / t).rglob("*") if f.is_file() and not f.is_symlink()]
+        row.notes.append(f"{sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {len(files)} files")
+        return row
+
+    return measure
+
+
+def table(title: str, rows: dict[str, Row], cold_key: str = "cold, warm download cache") -> list[str]:
+    cold = rows[cold_key].median if cold_key in rows else None
+    lines = [
+        f"## {title}",
+        "",
+        "| scenario | median s | runs (s) | vs cold | notes |",
+        "|---|---:|---|---:|---|",
+    ]
+    for key, row in rows.items():
+        runs = ", ".join(f"{t:.1f}" for t in row.times)
+        ratio = f"{row.median / cold:.3f}" if cold else ""
+        notes = "; ".join(sorted(set(row.notes)))
+        lines.append(f"| {key} | {row.median:.1f} | {runs} | {ratio} | {notes} |")
+    return [*lines, ""]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs of each wheel and fixture scenario")
+    parser.add_argument("--image-runs", type=int, default=1, help="runs of each image scenario")
+    parser.add_argument(
+        "--images", nargs="*", default=["linux_x86_64"], choices=["linux_x86_64", "linux_aarch64"]
+    )
+    parser.add_argument("--image-caches", action="store_true", help="also the cache rows for images")
+    parser.add_argument("--wheel-platform", default="linux_aarch64")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "build.md")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="sparkseal-bench-"))
+    sections: list[str] = []
+    try:
+        wheel_target = f"//third_party/vllm:wheel_{args.wheel_platform}"
+        rows = local_scenarios(scratch, wheel_target, args.runs, None)
+        rows.update(cache_rows(scratch, wheel_target))
+        lock = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
+        upstream = lock["wheels"][args.wheel_platform]["sha256"]
+        rows["physical limit (read, sha256, write the upstream wheel)"] = physical_limit_wheel(
+            SHARED_CACHE / "content_addressable" / "sha256" / upstream / "file", args.runs
+        )
+        sections += table(f"Our vLLM wheel ({wheel_target})", rows)
+        sections += table(
+            "Remote execution (fixture workspace, two wheels)", remote_execution_rows(scratch, args.runs)
+        )
+        for name in args.images:
+            target = f"//:image_{name}"
+            limit = physical_limit_image(name, args.runs)
+            rows = local_scenarios(scratch, target, max(args.image_runs, 2), f"image_{name}", limit)
+            if args.image_caches:
+                rows.update(cache_rows(scratch, target))
+            sections += table(f"The image ({target})", rows)
+    finally:
+        remove_tree(scratch)
+    command = " ".join(["python3 bench/build.py", *sys.argv[1:]])
+    lines = [
+        "# What a build costs",
+        "",
+        f"Command: `{command}`",
+        f"Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
+        f"{platform.freedesktop_os_release().get('PRETTY_NAME', platform.system())}; "
+        f"{datetime.now(UTC).date().isoformat()}",
+        "",
+        *sections,
+    ]
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
