@@ -51,6 +51,7 @@ from tests.nginx_cache import NginxCache  # noqa: E402
 
 SHARED_CACHE = Path.home() / ".cache" / "sparkseal" / "repository"
 PATCH_EDIT = ("Reason:", "Reason: (edited by the benchmark)")
+SECTIONS = ("wheel", "caches", "remote-execution", "images")
 
 
 @dataclass
@@ -175,7 +176,7 @@ def cache_scenario(scratch: Path, target: str, flags: Callable[[], list[str]], n
 def cache_rows(scratch: Path, target: str) -> dict[str, Row]:
     """The HTTP (nginx WebDAV) and gRPC (BuildGrid) cache rows for ``target``."""
     rows = {}
-    with NginxCache(scratch) as nginx:
+    with NginxCache() as nginx:  # under /tmp: nginx's workers (nobody) cannot enter a 0700 scratch dir
         rows["clone from the HTTP cache"] = cache_scenario(
             scratch, target, lambda: ["--config=remote-cache", f"--remote_cache={nginx.url}"], "http"
         )
@@ -197,6 +198,7 @@ def remote_execution_rows(scratch: Path, runs: int) -> dict[str, Row]:
     """The fixture workspace's two wheels built with --config=rbe on one and on two bots."""
     rows: dict[str, Row] = {}
     targets = ["//third_party/vllm:wheel_linux_aarch64", "//third_party/vllm:wheel_linux_x86_64"]
+    (scratch / "fixture").mkdir()
     with fixture_source(scratch / "fixture") as source, postgres() as database:
         for count in (1, 2):
             row = rows.setdefault(f"fixture workspace, remote execution, {count} bot(s)", Row())
@@ -210,7 +212,8 @@ def remote_execution_rows(scratch: Path, runs: int) -> dict[str, Row]:
                     flags = [
                         "--config=rbe",
                         f"--remote_executor={grid.url}",
-                        f"--remote_instance_name={grid.instance}-{count}-{run}",
+                        f"--remote_instance_name={grid.instance}",
+                        "--noremote_accept_cached",  # every run executes, none is an action-cache hit
                     ]
                     result = bazel(ws, "build", *flags, *targets, timeout=600)
                     row.times.append(result.seconds)
@@ -283,34 +286,18 @@ def main() -> int:
     )
     parser.add_argument("--image-caches", action="store_true", help="also the cache rows for images")
     parser.add_argument("--wheel-platform", default="linux_aarch64")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=list(SECTIONS),
+        choices=SECTIONS,
+        help="sections to run (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "build.md")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="sparkseal-bench-"))
-    sections: list[str] = []
-    try:
-        wheel_target = f"//third_party/vllm:wheel_{args.wheel_platform}"
-        rows = local_scenarios(scratch, wheel_target, args.runs, None)
-        rows.update(cache_rows(scratch, wheel_target))
-        lock = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
-        upstream = lock["wheels"][args.wheel_platform]["sha256"]
-        rows["physical limit (read, sha256, write the upstream wheel)"] = physical_limit_wheel(
-            SHARED_CACHE / "content_addressable" / "sha256" / upstream / "file", args.runs
-        )
-        sections += table(f"Our vLLM wheel ({wheel_target})", rows)
-        sections += table(
-            "Remote execution (fixture workspace, two wheels)", remote_execution_rows(scratch, args.runs)
-        )
-        for name in args.images:
-            target = f"//:image_{name}"
-            limit = physical_limit_image(name, args.runs)
-            rows = local_scenarios(scratch, target, max(args.image_runs, 2), f"image_{name}", limit)
-            if args.image_caches:
-                rows.update(cache_rows(scratch, target))
-            sections += table(f"The image ({target})", rows)
-    finally:
-        remove_tree(scratch)
     command = " ".join(["python3 bench/build.py", *sys.argv[1:]])
-    lines = [
+    header = [
         "# What a build costs",
         "",
         f"Command: `{command}`",
@@ -318,10 +305,42 @@ def main() -> int:
         f"{platform.freedesktop_os_release().get('PRETTY_NAME', platform.system())}; "
         f"{datetime.now(UTC).date().isoformat()}",
         "",
-        *sections,
     ]
-    args.out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    sections: list[str] = []
+
+    def publish(lines: list[str]) -> None:
+        # Written after every section, so that a long run keeps what it has measured.
+        sections.extend(lines)
+        args.out.write_text("\n".join(header + sections))
+        print("\n".join(lines), flush=True)
+
+    try:
+        wheel_target = f"//third_party/vllm:wheel_{args.wheel_platform}"
+        rows = {}
+        if "wheel" in args.only:
+            rows = local_scenarios(scratch, wheel_target, args.runs, None)
+            lock = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
+            upstream = lock["wheels"][args.wheel_platform]["sha256"]
+            rows["physical limit (read, sha256, write the upstream wheel)"] = physical_limit_wheel(
+                SHARED_CACHE / "content_addressable" / "sha256" / upstream / "file", args.runs
+            )
+        if "caches" in args.only:
+            rows.update(cache_rows(scratch, wheel_target))
+        if rows:
+            publish(table(f"Our vLLM wheel ({wheel_target})", rows))
+        if "remote-execution" in args.only:
+            rows = remote_execution_rows(scratch, args.runs)
+            one_bot = "fixture workspace, remote execution, 1 bot(s)"
+            publish(table("Remote execution (fixture workspace, two wheels)", rows, one_bot))
+        for name in args.images if "images" in args.only else []:
+            target = f"//:image_{name}"
+            limit = physical_limit_image(name, args.runs)
+            rows = local_scenarios(scratch, target, max(args.image_runs, 2), f"image_{name}", limit)
+            if args.image_caches:
+                rows.update(cache_rows(scratch, target))
+            publish(table(f"The image ({target})", rows))
+    finally:
+        remove_tree(scratch)
     return 0
 
 
