@@ -155,7 +155,7 @@ def local_scenarios(
                 )
             row.notes.append(note)
             if last is not None and run == runs - 1:
-                rows["physical limit (tar of the image's files | sha256sum)"] = last(ws)
+                rows["physical limit (tar of the image's files into sha256sum)"] = last(ws)
         if empty:
             remove_tree(cache)
     return rows
