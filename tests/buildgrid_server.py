@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.bazel_util import Workspace, remove_tree
+from tests.loopback import free_port
 
 CACHE = Path(os.environ.get("SPARKSEAL_CACHE", Path.home() / ".cache" / "sparkseal"))
 VENV = CACHE / "buildgrid-venv"
@@ -129,13 +130,6 @@ def discard_workspace(ws: Workspace) -> None:
         if pid is not None and str(ws.output_base).encode() in cmdline.read_bytes():
             os.kill(pid, signal.SIGKILL)
     remove_tree(ws.output_base)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, what: str) -> None:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from tests.loopback import free_ports
+
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 WORKER_USER = "nobody"
 START_TIMEOUT_S = 10.0
@@ -64,18 +66,6 @@ http {{
     }}
 }}
 """
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports (all probes stay bound until every port is chosen)."""
-    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
 
 
 class NginxCache:
@@ -137,7 +127,7 @@ class NginxCache:
             user = f"user {WORKER_USER} {grp.getgrgid(worker.pw_gid).gr_name};"
             for directory in (root, state):
                 os.chown(directory, worker.pw_uid, worker.pw_gid)
-        self.port, self.read_only_port = _free_ports(2)
+        self.port, self.read_only_port = free_ports(2)
         config = state / "nginx.conf"
         config.write_text(
             CONFIG.format(

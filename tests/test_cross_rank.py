@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tomllib
@@ -21,6 +20,7 @@ import pytest
 from sparkseal.build import module_manifest as mm
 from sparkseal.runtime import plugin
 from tests.installed_tree import make_venv
+from tests.loopback import free_port
 
 pytest.importorskip("torch.distributed")
 
@@ -109,12 +109,6 @@ def trees(tmp_path: Path) -> tuple[Path, Path]:
     return site0, tmp_path / "rank1" / site0.relative_to(tmp_path / "rank0")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_ranks(
     tmp_path: Path,
     sites: tuple[Path, Path],
@@ -125,7 +119,7 @@ def _run_ranks(
     """Start both ranks, wait at most TIMEOUT seconds, return what each wrote."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     procs = [
         subprocess.Popen(
