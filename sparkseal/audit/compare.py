@@ -8,7 +8,6 @@ for the first differing members of a layer, a diffoscope report is written (Debi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkseal.audit.rebuild import artifact_digests
+from sparkseal.build.module_manifest import sha256_stream
 
 # Members of one layer that get their own diffoscope report; the rest are listed by name.
 DIFFOSCOPE_MEMBERS = 3
@@ -116,17 +116,16 @@ def _members(blob: Path) -> dict[str, _Member]:
     members = {}
     with tarfile.open(blob, mode="r|*") as tar:
         for info in tar:
-            digest = hashlib.sha256()
+            content = ""
             if info.isfile():
                 stream = tar.extractfile(info)
                 assert stream is not None  # a regular member always has content
-                while chunk := stream.read(_CHUNK):
-                    digest.update(chunk)
+                content = sha256_stream(stream)
             kind = (
                 "file" if info.isfile() else "dir" if info.isdir() else "symlink" if info.issym() else "other"
             )
             members[info.name.removeprefix("./")] = _Member(
-                kind, info.mode, f"{info.uid}:{info.gid}", int(info.mtime), info.linkname, digest.hexdigest()
+                kind, info.mode, f"{info.uid}:{info.gid}", int(info.mtime), info.linkname, content
             )
     return members
 

@@ -13,7 +13,6 @@ diffoscope reports are in :mod:`sparkseal.audit.compare`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from sparkseal.audit.scan import ScanInputError, git_listed
+from sparkseal.build import module_manifest
 
 DEFAULT_TARGETS = ("//:image", "//:pex")
 
@@ -39,7 +39,6 @@ SECOND_LOCALE = "fr_CH.UTF-8"
 # tree artifact with a non-ASCII name (Debian's ca-certificates has some) fails validation. So the
 # second locale must be an installed UTF-8 one (`localedef -i fr_CH -f UTF-8 fr_CH.UTF-8` adds ours).
 UTF8_LOCALE = re.compile(r"(?i)^[a-z]{2,3}_[A-Z]{2}\.utf-?8$")
-_CHUNK = 1 << 20
 _BIN = re.compile(r"/bazel-out/[^/]+/bin/(.+)$")
 
 
@@ -59,11 +58,7 @@ class Build:
 
 def sha256_file(path: Path) -> str:
     """``sha256:<hex>`` of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + module_manifest.sha256_file(path)
 
 
 def checkout_files(root: Path) -> list[str]:
