@@ -402,6 +402,131 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
     verify.set_defaults(handler=_verify, parser=verify)
 
 
+def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.audit.live_check import Options, Unreachable, UsageError, render, run
+
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not api_key:
+        parser.error(f"--api-key-env {args.api_key_env}: the variable is not set")
+    options = Options(
+        url=args.url,
+        model=args.model,
+        timeout=args.timeout,
+        first_timeout=args.first_timeout,
+        soak=args.soak,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        prompt_tokens=args.prompt_tokens,
+        long_prompt_tokens=args.long_prompt_tokens,
+        vocab_low=args.vocab[0],
+        vocab_high=args.vocab[1],
+        seed=args.seed,
+        speculation=args.speculation,
+        record=args.record,
+        against=args.against,
+        log=args.log,
+        api_key=api_key,
+    )
+    progress = (
+        (lambda line: print(line, file=sys.stderr, flush=True)) if not args.json else (lambda _line: None)
+    )
+    try:
+        report = run(options, progress)
+    except UsageError as error:
+        parser.error(str(error))
+    except Unreachable as error:
+        print(f"sparkseal live-check: server unreachable: {error}", file=sys.stderr)
+        return 2
+    print(render(report, args.json))
+    return 0 if report.ok else 1
+
+
+def _vocab_arg(value: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+):(\d+)", value)
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH with LOW < HIGH (token ids), got {value!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _positive(kind: type) -> object:
+    def parse(value: str) -> object:
+        number = kind(value)
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+        return number
+
+    return parse
+
+
+def _add_live_check(commands: argparse._SubParsersAction) -> None:
+    live = commands.add_parser(
+        "live-check",
+        help="validate a running vLLM server (first request, soak, prefix cache, DSpark, lossless, log)",
+        description="Validate a running vLLM OpenAI-compatible server before taking DSpark into service: "
+        "a first request with a deadline, a soak of greedy requests, a long prompt cold and then from the "
+        "prefix cache (both must answer alike), drafted and accepted tokens from /metrics, the soak's "
+        "completions against a reference recorded without speculation, and the server log scanned for "
+        "tracebacks, dead engines, RPC timeouts, NCCL errors, illegal memory accesses and out-of-memory. "
+        "Prompts are token ids, so servers started with --skip-tokenizer-init work. Exit 0 pass, "
+        "1 a finding, 2 a usage error or an unreachable server.",
+    )
+    live.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    live.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    live.add_argument("--soak", type=_positive(int), default=120, help="soak requests (default: 120)")
+    live.add_argument(
+        "--max-tokens", type=_positive(int), default=32, help="tokens per completion (default: 32)"
+    )
+    live.add_argument(
+        "--concurrency", type=_positive(int), default=1, help="concurrent clients in the soak (default: 1)"
+    )
+    live.add_argument(
+        "--prompt-tokens", type=_positive(int), default=64, help="soak prompt length (default: 64)"
+    )
+    live.add_argument(
+        "--long-prompt-tokens",
+        type=_positive(int),
+        default=2048,
+        help="the long prompt's length (default: 2048)",
+    )
+    live.add_argument(
+        "--vocab",
+        type=_vocab_arg,
+        default=(100, 1000),
+        metavar="LOW:HIGH",
+        help="token ids of prompts (default: 100:1000)",
+    )
+    live.add_argument("--seed", type=int, default=0, help="seed of the soak prompts (default: 0)")
+    live.add_argument(
+        "--timeout", type=_positive(float), default=60.0, help="seconds per request (default: 60)"
+    )
+    live.add_argument(
+        "--first-timeout",
+        type=_positive(float),
+        default=300.0,
+        help="seconds for the first request and the long prompt (default: 300)",
+    )
+    live.add_argument(
+        "--speculation",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help="auto: if the server exports speculative-decoding metrics, something must be drafted; "
+        "required: it must export them too; off: no check (default: auto)",
+    )
+    reference = live.add_mutually_exclusive_group()
+    reference.add_argument(
+        "--record", type=Path, help="write the soak's prompts and completions as the reference"
+    )
+    reference.add_argument(
+        "--against", type=Path, help="compare the soak's completions with a recorded reference"
+    )
+    live.add_argument("--log", type=Path, help="the server's log, scanned for failures")
+    live.add_argument(
+        "--api-key-env", metavar="VAR", help="environment variable holding the server's API key"
+    )
+    live.add_argument("--json", action="store_true", help="print a JSON report")
+    live.set_defaults(handler=_live_check, parser=live)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser of the ``sparkseal`` command with all its subcommands."""
     parser = argparse.ArgumentParser(
@@ -414,6 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     _add_scan(commands)
     _add_nccl_diff(commands)
+    _add_live_check(commands)
     _add_provenance(commands)
     return parser
 

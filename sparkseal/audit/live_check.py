@@ -1,0 +1,671 @@
+"""Validate a running vLLM OpenAI-compatible server before DSpark goes into service (``live-check``).
+
+The defects this guards against show up only in a live engine: a first request that never returns after
+CUDA-graph capture, speculative decoding configured but never drafting, a prefix-cache hit that answers
+differently from the cold prompt, completions that drift from the model's own non-speculative output, and
+engine failures that a client sees only as slowness (dead engine core, RPC timeouts, NCCL errors, illegal
+memory accesses, out-of-memory) and that the server log records. Each step reports its figures; a defect
+is a *finding* (exit 1). A server that cannot be reached at all, or bad arguments, exit 2.
+
+Prompts are token ids, so the check works against ``--skip-tokenizer-init`` servers and needs no
+tokenizer here; ``return_token_ids`` (a vLLM extension of the completions API) makes completions
+comparable token by token. Requests run at temperature 0. Every request has a deadline: a hang becomes a
+finding, never a stuck process.
+
+The lossless check compares the soak's completions with a reference file that ``--record`` wrote against
+the same model served without speculation. The reference carries its own prompts and ``max_tokens``, so
+``--against`` replays exactly what was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+REFERENCE_FORMAT = "sparkseal-live-reference/1"
+
+# Prometheus counters of vLLM's v1 engine (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py).
+METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
+METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+METRIC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+METRIC_PREFIX_QUERIES = "vllm:prefix_cache_queries"
+METRIC_PREFIX_HITS = "vllm:prefix_cache_hits"
+METRIC_TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
+METRIC_TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+
+# What a healthy server never logs. Each pattern names the failure it stands for.
+LOG_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
+    (
+        "engine-dead",
+        re.compile(r"EngineDeadError|Engine core .*(?:died|dead)|EngineCore encountered a fatal error"),
+    ),
+    ("rpc-timeout", re.compile(r"RPC call to \S+ timed out|TimeoutError: RPC|rpc.*timed out", re.IGNORECASE)),
+    (
+        "nccl-error",
+        re.compile(r"NCCL error|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|NCCL WARN"),
+    ),
+    ("illegal-memory-access", re.compile(r"illegal memory access|cudaErrorIllegalAddress", re.IGNORECASE)),
+    ("out-of-memory", re.compile(r"CUDA out of memory|OutOfMemoryError|cudaErrorMemoryAllocation")),
+)
+
+
+class UsageError(Exception):
+    """Bad arguments or input files: exit 2."""
+
+
+class Unreachable(Exception):
+    """The server does not answer at all: exit 2."""
+
+
+class RequestFailed(Exception):
+    """One request failed: an HTTP error, a malformed answer, or no answer before its deadline."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Finding:
+    check: str
+    kind: str
+    message: str
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    figures: dict[str, Any] = field(default_factory=dict)
+    skipped: str = ""
+
+
+@dataclass
+class Report:
+    url: str
+    model: str = ""
+    steps: list[Step] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    def find(self, check: str, kind: str, message: str) -> None:
+        self.findings.append(Finding(check, kind, message))
+
+
+@dataclass(frozen=True)
+class Options:
+    url: str
+    model: str | None = None
+    timeout: float = 60.0
+    first_timeout: float = 300.0
+    soak: int = 120
+    max_tokens: int = 32
+    concurrency: int = 1
+    prompt_tokens: int = 64
+    long_prompt_tokens: int = 2048
+    vocab_low: int = 100
+    vocab_high: int = 1000
+    seed: int = 0
+    speculation: str = "auto"  # auto | required | off
+    record: Path | None = None
+    against: Path | None = None
+    log: Path | None = None
+    api_key: str | None = None
+
+
+def redact_url(url: str) -> str:
+    """The URL without user information, for messages."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+class Client:
+    """A small OpenAI-API client on urllib: one deadline per request, errors sorted by kind."""
+
+    def __init__(self, base: str, api_key: str | None) -> None:
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"URL {redact_url(base)!r}: expected http://HOST:PORT of a vLLM server")
+        self.base = base.rstrip("/")
+        self.shown = redact_url(self.base)
+        self.api_key = api_key
+        self.answered = False  # once the server has answered, a refused connection means it went away
+
+    def _open(self, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.base + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status, raw = response.status, response.read()
+            self.answered = True
+            return status, raw
+        except urllib.error.HTTPError as error:
+            self.answered = True
+            detail = error.read()[:300].decode(errors="replace").strip()
+            raise RequestFailed("http-error", f"{path}: HTTP {error.code} {error.reason}: {detail}") from None
+        except TimeoutError:
+            raise RequestFailed("timeout", f"{path}: no answer within {timeout:g} s") from None
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, (TimeoutError, socket.timeout)):
+                raise RequestFailed("timeout", f"{path}: no answer within {timeout:g} s") from None
+            if self.answered:
+                raise RequestFailed("connection", f"{path}: {error.reason}") from None
+            raise Unreachable(f"{self.shown}{path}: {error.reason}") from None
+        except (ConnectionError, OSError) as error:
+            raise RequestFailed("connection", f"{path}: {error}") from None
+
+    def get_json(self, path: str, timeout: float) -> Any:
+        _, raw = self._open(path, None, timeout)
+        return _decode(path, raw)
+
+    def get_text(self, path: str, timeout: float) -> str:
+        _, raw = self._open(path, None, timeout)
+        return raw.decode(errors="replace")
+
+    def post_json(self, path: str, body: dict[str, Any], timeout: float) -> Any:
+        _, raw = self._open(path, body, timeout)
+        return _decode(path, raw)
+
+
+def _decode(path: str, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        shown = raw[:80].decode(errors="replace")
+        raise RequestFailed("malformed", f"{path}: answer is not JSON ({error}): {shown!r}") from None
+
+
+@dataclass
+class Completion:
+    tokens: list[int] | None
+    text: str
+    completion_tokens: int
+    cached_tokens: int | None
+    seconds: float
+
+
+def complete(client: Client, model: str, prompt: list[int], max_tokens: int, timeout: float) -> Completion:
+    """One greedy completion of a token-id prompt, checked for the fields the checks rely on."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        # vLLM extensions: every completion runs to max_tokens, and comes back as token ids.
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    start = time.monotonic()
+    answer = client.post_json("/v1/completions", body, timeout)
+    seconds = time.monotonic() - start
+    try:
+        choice = answer["choices"][0]
+        usage = answer["usage"]
+        completion_tokens = int(usage["completion_tokens"])
+        text = choice.get("text") or ""
+        tokens = choice.get("token_ids")
+        if tokens is not None:
+            tokens = [int(token) for token in tokens]
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise RequestFailed(
+            "malformed", f"/v1/completions: answer lacks choices[0] or usage.completion_tokens ({error!r})"
+        ) from None
+    return Completion(tokens, text, completion_tokens, int(cached) if cached is not None else None, seconds)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum each Prometheus sample family over its labels (``_total`` folded into the family name)."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if not match:
+            continue
+        name = match.group(1)
+        if name.endswith("_created"):
+            continue
+        name = name.removesuffix("_total")
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def make_prompts(count: int, length: int, low: int, high: int, seed: int) -> list[list[int]]:
+    """Deterministic token-id prompts; distinct, so no request is a prefix-cache hit of another."""
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(length)] for _ in range(count)]
+
+
+def scan_log(path: Path) -> list[tuple[str, int, str]]:
+    """(pattern name, line number, line) for every line of the server log that names a failure."""
+    hits = []
+    with path.open(encoding="utf-8", errors="replace") as stream:
+        for number, line in enumerate(stream, start=1):
+            for name, pattern in LOG_PATTERNS:
+                if pattern.search(line):
+                    hits.append((name, number, line.rstrip()[:300]))
+                    break
+    return hits
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def _soak(
+    client: Client, model: str, prompts: list[list[int]], max_tokens: int, timeout: float, concurrency: int
+) -> tuple[list[Completion | RequestFailed], float]:
+    """Run every prompt once with ``concurrency`` clients; results in prompt order, and the wall time."""
+    results: list[Completion | RequestFailed | None] = [None] * len(prompts)
+    cursor = iter(range(len(prompts)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(cursor, None)
+            if index is None:
+                return
+            try:
+                results[index] = complete(client, model, prompts[index], max_tokens, timeout)
+            except RequestFailed as error:
+                results[index] = error
+            except Unreachable as error:
+                results[index] = RequestFailed("connection", str(error))
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [r for r in results if r is not None], time.monotonic() - start
+
+
+def _load_reference(path: Path) -> dict[str, Any]:
+    try:
+        reference = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--against {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"--against {path}: not a reference file ({error})") from None
+    if not isinstance(reference, dict) or reference.get("format") != REFERENCE_FORMAT:
+        found = reference.get("format") if isinstance(reference, dict) else type(reference).__name__
+        raise UsageError(f"--against {path}: expected format {REFERENCE_FORMAT!r}, found {found!r}")
+    prompts, completions = reference.get("prompts"), reference.get("completions")
+    if not isinstance(prompts, list) or not isinstance(completions, list) or len(prompts) != len(completions):
+        raise UsageError(f"--against {path}: expected as many completions as prompts")
+    return reference
+
+
+def _first_difference(a: list[int] | str, b: list[int] | str) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def _output(completion: Completion) -> list[int] | str:
+    return completion.tokens if completion.tokens is not None else completion.text
+
+
+def run(options: Options, progress: Callable[[str], None] = lambda _line: None) -> Report:
+    """Run every step against the server; findings go into the report, unreachable raises."""
+    if options.record is not None and options.against is not None:
+        raise UsageError("--record and --against exclude each other")
+    if options.soak < 1 or options.concurrency < 1 or options.max_tokens < 1:
+        raise UsageError("--soak, --concurrency and --max-tokens must be at least 1")
+    if options.log is not None and not options.log.is_file():
+        raise UsageError(f"--log {options.log}: no such file")
+    reference = _load_reference(options.against) if options.against is not None else None
+    client = Client(options.url, options.api_key)
+    report = Report(url=client.shown)
+
+    # Reachability and the model name (an unreachable server raises Unreachable here).
+    server = Step("server", ok=False)
+    report.steps.append(server)
+    try:
+        models = client.get_json("/v1/models", options.timeout)
+        listed = [str(entry["id"]) for entry in models["data"]]
+    except RequestFailed as error:
+        report.find("server", error.kind, f"server: {error}")
+    except (KeyError, TypeError):
+        report.find("server", "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}")
+    else:
+        report.model = options.model or (listed[0] if listed else "")
+        if not report.model or report.model not in listed:
+            report.find(
+                "server", "no-model", f"/v1/models: model {report.model!r} is not served (listed: {listed})"
+            )
+        else:
+            server.ok = True
+            server.figures = {"models": listed}
+    if not server.ok:
+        _skip_rest(report, "the server check failed", first=True)
+        _log_step(report, options)
+        return report
+    metrics_before = _metrics(client, options.timeout)
+
+    max_tokens = int(reference["max_tokens"]) if reference else options.max_tokens
+    if reference:
+        prompts = [[int(token) for token in prompt] for prompt in reference["prompts"]]
+    else:
+        prompts = make_prompts(
+            options.soak, options.prompt_tokens, options.vocab_low, options.vocab_high, options.seed
+        )
+
+    # 1. The first request, with its own (long) deadline: graph capture and compilation may still be warming.
+    first = Step("first-request", ok=False)
+    report.steps.append(first)
+    progress("first request ...")
+    try:
+        result = complete(client, report.model, prompts[0], max_tokens, options.first_timeout)
+        first.ok = True
+        first.figures = {"seconds": round(result.seconds, 3), "completion_tokens": result.completion_tokens}
+    except RequestFailed as error:
+        report.find("first-request", error.kind, f"first request: {error}")
+        _skip_rest(report, "the first request failed", first=False)
+        _log_step(report, options)
+        return report
+
+    # 2. The soak: every prompt once, serially or with several clients.
+    progress(f"soak: {len(prompts)} requests, {options.concurrency} client(s) ...")
+    soak_before = _metrics(client, options.timeout)
+    results, wall = _soak(client, report.model, prompts, max_tokens, options.timeout, options.concurrency)
+    soak_after = _metrics(client, options.timeout)
+    done = [r for r in results if isinstance(r, Completion)]
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, RequestFailed)]
+    tokens = sum(r.completion_tokens for r in done)
+    soak = Step("soak", ok=not failed)
+    soak.figures = {
+        "requests": len(prompts),
+        "succeeded": len(done),
+        "failed": len(failed),
+        "concurrency": options.concurrency,
+        "max_tokens": max_tokens,
+        "completion_tokens": tokens,
+        "seconds": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
+    }
+    if done:
+        latencies = [r.seconds for r in done]
+        soak.figures["latency_p50_s"] = round(statistics.median(latencies), 4)
+        soak.figures["latency_p95_s"] = round(_percentile(latencies, 0.95), 4)
+    ttft = _mean_delta(soak_before, soak_after, METRIC_TTFT_SUM, METRIC_TTFT_COUNT)
+    if ttft is not None:
+        soak.figures["ttft_mean_s"] = round(ttft, 4)
+    short = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
+    if short:
+        soak.ok = False
+        report.find("soak", "empty", f"soak: {len(short)} request(s) returned no tokens (first: #{short[0]})")
+    report.steps.append(soak)
+    for kind in sorted({r.kind for _, r in failed}):
+        of_kind = [(i, r) for i, r in failed if r.kind == kind]
+        index, error = of_kind[0]
+        report.find(
+            "soak",
+            kind,
+            f"soak: {len(of_kind)} of {len(prompts)} requests failed ({kind}); first #{index}: {error}",
+        )
+
+    # 3. A long cold prompt, then the same prompt again: a prefix-cache hit, which must answer the same.
+    progress("long prompt, cold then cached ...")
+    cache = Step("prefix-cache", ok=False)
+    report.steps.append(cache)
+    long_prompt = make_prompts(
+        1, options.long_prompt_tokens, options.vocab_low, options.vocab_high, time.time_ns()
+    )[0]
+    before = _metrics(client, options.timeout)
+    try:
+        cold = complete(client, report.model, long_prompt, max_tokens, options.first_timeout)
+        warm = complete(client, report.model, long_prompt, max_tokens, options.first_timeout)
+    except RequestFailed as error:
+        report.find("prefix-cache", error.kind, f"long prompt: {error}")
+    else:
+        after = _metrics(client, options.timeout)
+        cache.ok = True
+        cache.figures = {
+            "prompt_tokens": len(long_prompt),
+            "cold_s": round(cold.seconds, 4),
+            "cached_s": round(warm.seconds, 4),
+            "speedup": round(cold.seconds / warm.seconds, 2) if warm.seconds > 0 else None,
+        }
+        if warm.cached_tokens is not None:
+            cache.figures["cached_tokens"] = warm.cached_tokens
+        if before is not None and after is not None and METRIC_PREFIX_HITS in after:
+            cache.figures["prefix_cache_hit_tokens"] = int(
+                after[METRIC_PREFIX_HITS] - before.get(METRIC_PREFIX_HITS, 0)
+            )
+        if _output(cold) != _output(warm):
+            cache.ok = False
+            at = _first_difference(_output(cold), _output(warm))
+            report.find(
+                "prefix-cache",
+                "mismatch",
+                f"the cached long prompt answered differently from the cold one at token {at}",
+            )
+
+    # 4. Speculative decoding: drafted and accepted tokens over the whole check.
+    metrics_after = _metrics(client, options.timeout)
+    _speculation_step(report, options, metrics_before, metrics_after)
+
+    # 5. Lossless: the soak's completions against (or recorded as) the non-speculative reference.
+    _lossless_step(report, options, prompts, results, max_tokens, reference)
+
+    # 6. The server's log.
+    _log_step(report, options)
+    return report
+
+
+def _metrics(client: Client, timeout: float) -> dict[str, float] | None:
+    try:
+        return parse_metrics(client.get_text("/metrics", timeout))
+    except RequestFailed:
+        return None
+
+
+def _mean_delta(
+    before: dict[str, float] | None, after: dict[str, float] | None, total: str, count: str
+) -> float | None:
+    """The mean of a Prometheus histogram over an interval (its _sum and _count deltas)."""
+    if before is None or after is None or total not in after or count not in after:
+        return None
+    n = after[count] - before.get(count, 0.0)
+    return (after[total] - before.get(total, 0.0)) / n if n > 0 else None
+
+
+def _skip_rest(report: Report, why: str, first: bool) -> None:
+    names = ("first-request",) * first + ("soak", "prefix-cache", "speculation", "lossless")
+    for name in names:
+        report.steps.append(Step(name, ok=False, skipped=why))
+
+
+def _speculation_step(
+    report: Report, options: Options, before: dict[str, float] | None, after: dict[str, float] | None
+) -> None:
+    step = Step("speculation", ok=True)
+    report.steps.append(step)
+    if options.speculation == "off":
+        step.skipped = "--speculation off"
+        return
+    if after is None:
+        step.ok = False
+        report.find(
+            "speculation",
+            "no-metrics",
+            "speculation: /metrics is not served; drafted tokens cannot be counted",
+        )
+        return
+    if METRIC_DRAFT_TOKENS not in after:
+        if options.speculation == "required":
+            step.ok = False
+            report.find(
+                "speculation",
+                "not-configured",
+                f"speculation: the server exports no {METRIC_DRAFT_TOKENS}: "
+                "speculative decoding is not configured",
+            )
+        else:
+            step.skipped = "the server is not configured for speculative decoding"
+        return
+    before = before or {}
+    drafted = after[METRIC_DRAFT_TOKENS] - before.get(METRIC_DRAFT_TOKENS, 0.0)
+    accepted = after.get(METRIC_ACCEPTED_TOKENS, 0.0) - before.get(METRIC_ACCEPTED_TOKENS, 0.0)
+    drafts = after.get(METRIC_DRAFTS, 0.0) - before.get(METRIC_DRAFTS, 0.0)
+    step.figures = {
+        "drafts": int(drafts),
+        "draft_tokens": int(drafted),
+        "accepted_tokens": int(accepted),
+        "acceptance_rate": round(accepted / drafted, 4) if drafted > 0 else None,
+        "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts > 0 else None,
+    }
+    if drafted <= 0:
+        step.ok = False
+        report.find(
+            "speculation",
+            "nothing-drafted",
+            "speculation: configured, but no token was drafted during the check",
+        )
+
+
+def _lossless_step(
+    report: Report,
+    options: Options,
+    prompts: list[list[int]],
+    results: list[Completion | RequestFailed],
+    max_tokens: int,
+    reference: dict[str, Any] | None,
+) -> None:
+    step = Step("lossless", ok=True)
+    report.steps.append(step)
+    outputs = [_output(r) if isinstance(r, Completion) else None for r in results]
+    if options.record is not None:
+        if any(output is None for output in outputs):
+            step.ok = False
+            report.find(
+                "lossless", "incomplete", f"--record {options.record}: not written, some soak requests failed"
+            )
+            return
+        document = {
+            "format": REFERENCE_FORMAT,
+            "model": report.model,
+            "max_tokens": max_tokens,
+            "prompts": prompts,
+            "completions": outputs,
+        }
+        tmp = options.record.with_name(options.record.name + ".tmp")
+        tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n")
+        tmp.replace(options.record)
+        step.figures = {"recorded": len(outputs), "file": str(options.record)}
+        return
+    if reference is None:
+        step.skipped = "no reference (--against FILE)"
+        return
+    equal, differing = 0, []
+    for index, (got, want) in enumerate(zip(outputs, reference["completions"], strict=True)):
+        if got is None:
+            continue
+        if isinstance(got, list) != isinstance(want, list):
+            raise UsageError(
+                f"--against {options.against}: completion #{index} is not of the kind the server returns"
+            )
+        if got == want:
+            equal += 1
+        else:
+            differing.append((index, _first_difference(got, want)))
+    step.figures = {"compared": equal + len(differing), "equal": equal, "differing": len(differing)}
+    if differing:
+        step.ok = False
+        index, at = differing[0]
+        step.figures["first_difference"] = {"request": index, "token": at}
+        report.find(
+            "lossless",
+            "mismatch",
+            f"lossless: {len(differing)} of {equal + len(differing)} completions differ from "
+            f"{options.against} "
+            f"(first: request #{index} at token {at})",
+        )
+
+
+def _log_step(report: Report, options: Options) -> None:
+    step = Step("server-log", ok=True)
+    report.steps.append(step)
+    if options.log is None:
+        step.skipped = "no server log (--log FILE)"
+        return
+    hits = scan_log(options.log)
+    counts: dict[str, int] = {}
+    for name, _, _ in hits:
+        counts[name] = counts.get(name, 0) + 1
+    step.figures = {"lines_matched": len(hits), "by_kind": counts}
+    if hits:
+        step.ok = False
+        for name in counts:
+            first = next(hit for hit in hits if hit[0] == name)
+            report.find(
+                "server-log", name, f"{options.log}:{first[1]}: {name} ({counts[name]} line(s)): {first[2]}"
+            )
+
+
+def render(report: Report, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(
+            {
+                "url": report.url,
+                "model": report.model,
+                "ok": report.ok,
+                "steps": [asdict(step) for step in report.steps],
+                "findings": [asdict(finding) for finding in report.findings],
+            },
+            indent=2,
+            sort_keys=True,
+        )
+    lines = [f"live-check {report.url} (model {report.model or '?'})"]
+    for step in report.steps:
+        if step.skipped:
+            lines.append(f"  {step.name:<14} skipped: {step.skipped}")
+            continue
+        figures = ", ".join(f"{key} {value}" for key, value in step.figures.items())
+        lines.append(f"  {step.name:<14} {'ok' if step.ok else 'FINDING'}{': ' + figures if figures else ''}")
+    for finding in report.findings:
+        lines.append(f"finding: {finding.message}")
+    lines.append("result: pass" if report.ok else f"result: {len(report.findings)} finding(s)")
+    return "\n".join(lines)

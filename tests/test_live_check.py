@@ -1,0 +1,247 @@
+"""`sparkseal live-check` against a fake vLLM server on loopback: a pass, each kind of finding, failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkseal.audit import live_check
+from sparkseal.audit.live_check import Options, Unreachable, UsageError, parse_metrics, run
+from tests.fake_openai import MODEL, Behaviour, FakeServer
+from tests.loopback import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {"soak": 12, "max_tokens": 8, "prompt_tokens": 16, "long_prompt_tokens": 256, "timeout": 5.0}
+
+
+def check(server: FakeServer, **overrides: object):
+    options = Options(url=server.url, **{**SMALL, "first_timeout": 5.0, **overrides})
+    return run(options)
+
+
+def kinds(report) -> set[tuple[str, str]]:
+    return {(finding.check, finding.kind) for finding in report.findings}
+
+
+def test_healthy_server_passes_with_figures():
+    with FakeServer() as server:
+        report = check(server, concurrency=3)
+    assert report.ok, report.findings
+    assert report.model == MODEL
+    soak = report.step("soak").figures
+    assert soak["requests"] == 12 and soak["succeeded"] == 12 and soak["completion_tokens"] == 12 * 8
+    assert soak["concurrency"] == 3 and soak["output_tokens_per_s"] > 0
+    speculation = report.step("speculation").figures
+    assert speculation["draft_tokens"] > 0 and 0 < speculation["acceptance_rate"] < 1
+    cache = report.step("prefix-cache").figures
+    assert cache["prompt_tokens"] == 256 and cache["prefix_cache_hit_tokens"] == 255
+    assert report.step("lossless").skipped == "no reference (--against FILE)"
+    assert live_check.render(report, False).endswith("result: pass")
+
+
+def test_first_request_that_hangs_is_a_finding_not_a_stuck_process():
+    with FakeServer(Behaviour(hang_first=3.0)) as server:
+        report = check(server, first_timeout=0.5)
+    assert kinds(report) == {("first-request", "timeout")}
+    assert "first request: /v1/completions: no answer within 0.5 s" in report.findings[0].message
+    assert report.step("soak").skipped == "the first request failed"
+
+
+def test_soak_requests_past_their_deadline_are_counted():
+    with FakeServer(Behaviour(hang_all=0.6)) as server:
+        report = check(server, first_timeout=5.0, timeout=0.2, soak=3)
+    assert ("first-request", "timeout") not in kinds(report)
+    assert ("soak", "timeout") in kinds(report)
+    assert "soak: 3 of 3 requests failed (timeout); first #0" in live_check.render(report, False)
+
+
+def test_http_500_is_a_finding_with_the_servers_message():
+    with FakeServer(Behaviour(status=500)) as server:
+        report = check(server)
+    assert kinds(report) == {("first-request", "http-error")}
+    assert "HTTP 500" in report.findings[0].message and "EngineCore died" in report.findings[0].message
+
+
+def test_malformed_json_is_a_finding():
+    with FakeServer(Behaviour(malformed=True)) as server:
+        report = check(server)
+    assert kinds(report) == {("first-request", "malformed")}
+    assert "/v1/completions: answer is not JSON" in report.findings[0].message
+
+
+def test_answer_without_usage_is_malformed():
+    with FakeServer(Behaviour(drop_usage=True)) as server:
+        report = check(server)
+    assert kinds(report) == {("first-request", "malformed")}
+    assert "usage.completion_tokens" in report.findings[0].message
+
+
+def test_models_endpoint_failing_stops_the_check():
+    with FakeServer(Behaviour(models_status=503)) as server:
+        report = check(server)
+    assert kinds(report) == {("server", "http-error")}
+    assert report.step("first-request").skipped == "the server check failed"
+
+
+def test_unknown_model_name_is_a_finding():
+    with FakeServer() as server:
+        report = check(server, model="other-model")
+    assert kinds(report) == {("server", "no-model")}
+    assert "'other-model' is not served" in report.findings[0].message
+
+
+def test_nothing_drafted_is_a_finding():
+    with FakeServer(Behaviour(drafting=False)) as server:
+        report = check(server)
+    assert kinds(report) == {("speculation", "nothing-drafted")}
+
+
+def test_no_speculation_metrics_auto_skips_and_required_finds():
+    with FakeServer(Behaviour(speculation=False)) as server:
+        auto = check(server)
+        required = check(server, speculation="required")
+    assert auto.ok and auto.step("speculation").skipped.startswith("the server is not configured")
+    assert kinds(required) == {("speculation", "not-configured")}
+    assert "vllm:spec_decode_num_draft_tokens" in required.findings[0].message
+
+
+def test_cached_prompt_answering_differently_is_a_finding():
+    with FakeServer(Behaviour(cache_differs=True)) as server:
+        report = check(server)
+    assert kinds(report) == {("prefix-cache", "mismatch")}
+    assert "at token 3" in report.findings[0].message
+
+
+def test_empty_completions_are_a_finding():
+    with FakeServer(Behaviour(empty_completions=True)) as server:
+        report = check(server)
+    assert ("soak", "empty") in kinds(report)
+
+
+def test_record_then_against_passes_and_a_changed_completion_is_found(tmp_path: Path):
+    reference = tmp_path / "reference.json"
+    with FakeServer(Behaviour(speculation=False)) as server:
+        recorded = check(server, record=reference)
+    assert recorded.ok and recorded.step("lossless").figures["recorded"] == 12
+    document = json.loads(reference.read_text())
+    assert document["format"] == live_check.REFERENCE_FORMAT and len(document["prompts"]) == 12
+
+    with FakeServer() as server:
+        same = check(server, against=reference, soak=99, max_tokens=3)  # the reference's own prompts win
+    assert same.ok, same.findings
+    assert same.step("lossless").figures == {"compared": 12, "equal": 12, "differing": 0}
+    assert same.step("soak").figures["max_tokens"] == 8
+
+    with FakeServer(Behaviour(perturb_request=4)) as server:
+        drifted = check(server, against=reference)
+    assert kinds(drifted) == {("lossless", "mismatch")}
+    assert "1 of 12 completions differ" in drifted.findings[0].message
+    assert "request #4 at token 3" in drifted.findings[0].message
+
+
+def test_against_a_file_of_another_format_is_a_usage_error(tmp_path: Path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something/2"}))
+    with (
+        FakeServer() as server,
+        pytest.raises(UsageError, match="expected format 'sparkseal-live-reference/1'"),
+    ):
+        check(server, against=bad)
+    with pytest.raises(UsageError, match="no such file"):
+        run(Options(url="http://127.0.0.1:1", against=tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("Traceback (most recent call last):", "traceback"),
+        ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", "engine-dead"),
+        ("TimeoutError: RPC call to sample_tokens timed out.", "rpc-timeout"),
+        ("host:1:2 [0] NCCL INFO NCCL error: unhandled cuda error", "nccl-error"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", "illegal-memory-access"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out-of-memory"),
+    ],
+)
+def test_server_log_failures_are_findings(tmp_path: Path, line: str, kind: str):
+    log = tmp_path / "server.log"
+    log.write_text("INFO Started server process\nINFO Application startup complete.\n" + line + "\n")
+    with FakeServer() as server:
+        report = check(server, log=log)
+    assert kinds(report) == {("server-log", kind)}
+    assert report.findings[0].message.startswith(f"{log}:3: {kind} (1 line(s)):")
+
+
+def test_clean_server_log_passes(tmp_path: Path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)\nINFO GET /health 200\n")
+    with FakeServer() as server:
+        report = check(server, log=log)
+    assert report.ok and report.step("server-log").figures == {"lines_matched": 0, "by_kind": {}}
+
+
+def test_unreachable_server_raises():
+    with pytest.raises(Unreachable, match="Connection refused"):
+        run(Options(url=f"http://127.0.0.1:{free_port()}", **SMALL))
+
+
+def test_credentials_in_the_url_never_appear(tmp_path: Path):
+    port = free_port()
+    with pytest.raises(Unreachable) as error:
+        run(Options(url=f"http://operator:s3cret-pass@127.0.0.1:{port}", **SMALL))
+    assert "s3cret-pass" not in str(error.value) and f"127.0.0.1:{port}" in str(error.value)
+
+
+def test_parse_metrics_sums_labels_and_folds_total():
+    text = (
+        "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+        'vllm:spec_decode_num_draft_tokens_total{engine="0"} 10.0\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="1"} 5.0\n'
+        'vllm:spec_decode_num_draft_tokens_created{engine="0"} 1.7e9\n'
+        "vllm:time_to_first_token_seconds_sum 1.5\n"
+    )
+    assert parse_metrics(text) == {
+        "vllm:spec_decode_num_draft_tokens": 15.0,
+        "vllm:time_to_first_token_seconds_sum": 1.5,
+    }
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkseal", "live-check", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_cli_exit_codes_and_json(tmp_path: Path):
+    with FakeServer() as server:
+        passed = _cli(server.url, "--soak", "4", "--max-tokens", "4", "--long-prompt-tokens", "64", "--json")
+    assert passed.returncode == 0, passed.stderr
+    document = json.loads(passed.stdout)
+    assert document["ok"] is True and [s["name"] for s in document["steps"]] == [
+        "server",
+        "first-request",
+        "soak",
+        "prefix-cache",
+        "speculation",
+        "lossless",
+        "server-log",
+    ]
+    with FakeServer(Behaviour(drafting=False)) as server:
+        finding = _cli(server.url, "--soak", "2", "--long-prompt-tokens", "32")
+    assert finding.returncode == 1
+    assert "finding: speculation: configured, but no token was drafted" in finding.stdout
+    unreachable = _cli(f"http://127.0.0.1:{free_port()}")
+    assert unreachable.returncode == 2 and "server unreachable" in unreachable.stderr
+    usage = _cli("http://127.0.0.1:1", "--record", "a.json", "--against", "b.json")
+    assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
+    bad_vocab = _cli("http://127.0.0.1:1", "--vocab", "900:100")
+    assert bad_vocab.returncode == 2 and "expected LOW:HIGH with LOW < HIGH" in bad_vocab.stderr
+    missing_log = _cli("http://127.0.0.1:1", "--log", str(tmp_path / "none.log"))
+    assert missing_log.returncode == 2 and "none.log: no such file" in missing_log.stderr
