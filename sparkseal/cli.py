@@ -403,7 +403,7 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
 
 
 def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.audit.live_check import Options, Unreachable, UsageError, render, run
+    from sparkseal.runtime.live_check import Options, Unreachable, UsageError, render, run
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:

@@ -1,1 +1,1 @@
-"""Run-time pieces: kernel bindings, module verification, the vLLM plugin (torch/vllm at run time only)."""
+"""Run-time pieces: kernel bindings, module verification, the vLLM plugin, live-check (in the image)."""
