@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.audit import live_check
-from sparkseal.audit.live_check import Options, Unreachable, UsageError, parse_metrics, run
+from sparkseal.runtime import live_check
+from sparkseal.runtime.live_check import Options, Unreachable, UsageError, parse_metrics, run
 from tests.fake_openai import MODEL, Behaviour, FakeServer
 from tests.loopback import free_port
 

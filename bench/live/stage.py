@@ -61,6 +61,8 @@ NOT_STAGED = {
     "z3-solver": "TileLang dependency",
     "pynvvideocodec": "video decoding for multimodal inputs",
     "torchcodec": "video decoding for multimodal inputs",
+    "numba": "n-gram proposer only; not imported when serving (the machine has its own numba)",
+    "llvmlite": "numba's compiler",
 }
 
 

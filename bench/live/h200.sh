@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The live runs of bench/results/live_h200.md, on an H200 machine with no network (run from the repository
+# root there). Phases, each one command:
+#   bench/live/h200.sh receive .stage/NAME-NN ...   keep arriving parts (sha256-checked)
+#   bench/live/h200.sh install                      reassemble, check, install deps / our vLLM / upstream vLLM
+#   bench/live/h200.sh run OUT [PHASE ...]          serve the test model and run live-check (phases: plain ours
+#                                                   upstream; default all), results in OUT/live-results.tar.gz
+set -euo pipefail
+
+root=/tmp/sparkseal-stage
+python=${PYTHON:-python3}
+stage() { "$python" bench/live/stage.py "$@"; }
+
+case "${1:-}" in
+receive)
+    shift
+    stage receive "$@"
+    ;;
+install)
+    stage unpack deps --dest "$root/wheels"
+    stage unpack vllm --dest "$root/vllm"
+    ours=$(ls "$root"/vllm/vllm-*.whl)
+    stage delta apply --base "$ours" --delta "$root"/vllm/vllm-*-upstream.delta \
+        --out "$root/upstream/$(basename "$ours")"
+    pip=("$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check)
+    rm -rf "$root/deps" "$root/ours" "$root/upstream-site"
+    "${pip[@]}" --target "$root/deps" "$root"/wheels/*.whl
+    "${pip[@]}" --target "$root/ours" "$ours" "$root"/vllm/sparkseal-*.whl
+    "${pip[@]}" --target "$root/upstream-site" "$root"/upstream/vllm-*.whl "$root"/vllm/sparkseal-*.whl
+    grep -c "sample_idx_mapping = torch.full" "$root/ours/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+    if grep -q "sample_idx_mapping = torch.full" "$root/upstream-site/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"; then
+        echo "install: the upstream tree carries the fix: wrong wheel" >&2
+        exit 1
+    fi
+    echo "install: deps $(find "$root/wheels" -name "*.whl" | wc -l) wheels; ours and upstream vLLM installed"
+    ;;
+run)
+    out=$2
+    shift 2
+    phases=${*:-plain ours upstream}
+    results=/tmp/sparkseal-live
+    rm -rf "$results"
+    mkdir -p "$results" "$out"
+    "$python" bench/live/test_model.py --out /tmp/sparkseal-model
+    serve() { "$python" bench/live/serve.py --model-dir /tmp/sparkseal-model --out "$results" "$@" || true; }
+    ref=$results/reference.json
+    long=(--long-prompt-tokens 2048 --vocab 100:1000)
+    for phase in $phases; do
+        case $phase in
+        plain)
+            serve --name plain-seqs8 --site "$root/ours" --site "$root/deps" --max-num-seqs 8 \
+                --check "plain-serial:--record $ref ${long[*]}" \
+                --check "plain-conc8:--concurrency 8 --against $ref ${long[*]}"
+            ;;
+        ours | upstream)
+            site=$root/ours
+            [ "$phase" = upstream ] && site=$root/upstream-site
+            serve --name "$phase-dspark-seqs1" --site "$site" --site "$root/deps" --dspark --max-num-seqs 1 \
+                --check "$phase-dspark-seqs1:--speculation required --against $ref ${long[*]}"
+            serve --name "$phase-dspark-seqs8" --site "$site" --site "$root/deps" --dspark --max-num-seqs 8 \
+                --check "$phase-dspark-conc8:--speculation required --concurrency 8 --against $ref ${long[*]}"
+            ;;
+        *)
+            echo "run: unknown phase $phase" >&2
+            exit 2
+            ;;
+        esac
+    done
+    tar -C "$results" -czf "$out/live-results.tar.gz" .
+    for summary in "$results"/*.summary.json; do "$python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["name"], d.get("startup_s"), d.get("error", ""), {k: v["exit"] for k, v in d["checks"].items()})' "$summary"; done
+    for report in "$results"/*.json; do
+        case $report in *summary.json | *reference.json) continue ;; esac
+        "$python" -c 'import json,sys
+try: d=json.load(open(sys.argv[1]))
+except Exception as e: print(sys.argv[1], "unreadable", e); raise SystemExit
+print(sys.argv[1].rsplit("/",1)[-1], "ok" if d["ok"] else "FINDINGS", [f["message"][:160] for f in d["findings"]])' "$report"
+    done
+    ;;
+*)
+    echo "usage: bench/live/h200.sh receive DIR... | install | run OUT [PHASE...]" >&2
+    exit 2
+    ;;
+esac
