@@ -422,6 +422,7 @@ def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         vocab_high=args.vocab[1],
         seed=args.seed,
         speculation=args.speculation,
+        tie_margin=args.tie_margin,
         record=args.record,
         against=args.against,
         log=args.log,
@@ -511,6 +512,13 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
         default="auto",
         help="auto: if the server exports speculative-decoding metrics, something must be drafted; "
         "required: it must export them too; off: no check (default: auto)",
+    )
+    live.add_argument(
+        "--tie-margin",
+        type=float,
+        default=0.1,
+        help="a first difference where the reference's top two tokens were this close in log-probability "
+        "and the server chose the other is a near-tie flip, not a finding (default: 0.1; 0: exact match)",
     )
     reference = live.add_mutually_exclusive_group()
     reference.add_argument(

@@ -37,6 +37,8 @@ class Behaviour:
     drop_usage: bool = False  # completions omit usage
     cache_differs: bool = False  # a repeated prompt answers differently
     perturb_request: int | None = None  # the n-th distinct prompt answers differently
+    runner_up_request: int | None = None  # the n-th distinct prompt takes the runner-up token at position 3
+    runner_up_gap: float = 0.05  # log-probability gap between the best and the runner-up token
     models_status: int = 200
     empty_completions: bool = False
     seen_prompts: list[tuple[int, ...]] = field(default_factory=list)
@@ -46,6 +48,11 @@ class Behaviour:
 def answer(prompt: list[int], max_tokens: int) -> list[int]:
     base = sum(prompt) * 31
     return [(base + i * 7) % 997 for i in range(max_tokens)]
+
+
+def runner_up(token: int) -> int:
+    """The token the fake model ranks second wherever ``token`` is its best."""
+    return (token + 500) % 997
 
 
 class FakeServer:
@@ -144,6 +151,8 @@ class FakeServer:
             b.perturb_request is not None and distinct_index == b.perturb_request
         ):
             tokens = tokens[:3] + [(t + 1) % 997 for t in tokens[3:]]
+        if b.runner_up_request is not None and distinct_index == b.runner_up_request:
+            tokens = [*tokens[:3], runner_up(tokens[3]), *tokens[4:]]
         with self._lock:
             self._count("vllm:prefix_cache_queries", len(prompt))
             if repeated:
@@ -165,4 +174,12 @@ class FakeServer:
         }
         if not b.drop_usage:
             document["usage"] = usage
+        if body.get("logprobs"):
+            assert body.get("return_tokens_as_token_ids") is True  # keys are "token_id:N" without a tokenizer
+            document["choices"][0]["logprobs"] = {
+                "top_logprobs": [
+                    {f"token_id:{t}": -0.5, f"token_id:{runner_up(t)}": -0.5 - b.runner_up_gap}
+                    for t in tokens
+                ]
+            }
         return 200, json.dumps(document).encode()

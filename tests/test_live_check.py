@@ -133,7 +133,13 @@ def test_record_then_against_passes_and_a_changed_completion_is_found(tmp_path: 
     with FakeServer() as server:
         same = check(server, against=reference, soak=99, max_tokens=3)  # the reference's own prompts win
     assert same.ok, same.findings
-    assert same.step("lossless").figures == {"compared": 12, "equal": 12, "differing": 0}
+    assert same.step("lossless").figures == {
+        "compared": 12,
+        "equal": 12,
+        "near_tie_flips": 0,
+        "differing": 0,
+        "tie_margin": 0.1,
+    }
     assert same.step("soak").figures["max_tokens"] == 8
 
     with FakeServer(Behaviour(perturb_request=4)) as server:
@@ -141,6 +147,33 @@ def test_record_then_against_passes_and_a_changed_completion_is_found(tmp_path: 
     assert kinds(drifted) == {("lossless", "mismatch")}
     assert "1 of 12 completions differ" in drifted.findings[0].message
     assert "request #4 at token 3" in drifted.findings[0].message
+
+
+def test_near_tie_flip_is_counted_not_found_and_a_wide_margin_is_found(tmp_path: Path):
+    reference = tmp_path / "reference.json"
+    with FakeServer(Behaviour(speculation=False, runner_up_gap=0.05)) as server:
+        check(server, record=reference)
+    document = json.loads(reference.read_text())
+    assert len(document["top_logprobs"]) == 12 and len(document["top_logprobs"][0]) == 8
+    first_position = document["top_logprobs"][0][0]
+    assert [logprob for _, logprob in first_position] == [-0.5, -0.55]
+
+    with FakeServer(Behaviour(runner_up_request=2)) as server:
+        flipped = check(server, against=reference)
+    assert flipped.ok, flipped.findings
+    figures = flipped.step("lossless").figures
+    assert (
+        figures["near_tie_flips"] == 1 and figures["differing"] == 0 and figures["largest_tie_margin"] == 0.05
+    )
+
+    with FakeServer(Behaviour(runner_up_request=2)) as server:
+        exact = check(server, against=reference, tie_margin=0.0)
+    assert kinds(exact) == {("lossless", "mismatch")}
+    assert "beyond a near-tie (first: request #2 at token 3)" in exact.findings[0].message
+
+    with FakeServer(Behaviour(perturb_request=2)) as server:
+        other = check(server, against=reference)  # a token the reference did not rank second
+    assert kinds(other) == {("lossless", "mismatch")}
 
 
 def test_against_a_file_of_another_format_is_a_usage_error(tmp_path: Path):

@@ -3,8 +3,11 @@
 # root there). Phases, each one command:
 #   bench/live/h200.sh receive .stage/NAME-NN ...   keep arriving parts (sha256-checked)
 #   bench/live/h200.sh install                      reassemble, check, install deps / our vLLM / upstream vLLM
-#   bench/live/h200.sh run OUT [PHASE ...]          serve the test model and run live-check (phases: plain ours
-#                                                   upstream; default all), results in OUT/live-results.tar.gz
+#   bench/live/h200.sh run OUT [--weights] [PHASE ...]
+#       serve the test model and run live-check (phases: plain ours upstream, default all; plain records the
+#       reference the others compare with), results in OUT/live-results.tar.gz. --weights serves seeded
+#       safetensors weights instead of vLLM's dummy weights (see bench/live/test_model.py), and uses vLLM's
+#       own sampler instead of FlashInfer's, whose kernels a fresh machine would first JIT-compile for ~2 min.
 set -euo pipefail
 
 root=/tmp/sparkseal-stage
@@ -20,6 +23,7 @@ install)
     stage unpack deps --dest "$root/wheels"
     stage unpack vllm --dest "$root/vllm"
     ours=$(ls "$root"/vllm/vllm-*.whl)
+    mkdir -p "$root/upstream"
     stage delta apply --base "$ours" --delta "$root"/vllm/vllm-*-upstream.delta \
         --out "$root/upstream/$(basename "$ours")"
     pip=("$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check)
@@ -37,12 +41,24 @@ install)
 run)
     out=$2
     shift 2
-    phases=${*:-plain ours upstream}
+    model=/tmp/sparkseal-model
     results=/tmp/sparkseal-live
-    rm -rf "$results"
+    format=dummy
+    if [ "${1:-}" = --weights ]; then
+        shift
+        model=/tmp/sparkseal-model-weights
+        results=/tmp/sparkseal-live-weights
+        format=safetensors
+        export VLLM_USE_FLASHINFER_SAMPLER=0
+        [ -f "$model/draft/model.safetensors" ] || "$python" bench/live/test_model.py --out "$model" --weights
+    else
+        "$python" bench/live/test_model.py --out "$model"
+    fi
+    phases=${*:-plain ours upstream}
     mkdir -p "$results" "$out"
-    "$python" bench/live/test_model.py --out /tmp/sparkseal-model
-    serve() { "$python" bench/live/serve.py --model-dir /tmp/sparkseal-model --out "$results" "$@" || true; }
+    serve() {
+        "$python" bench/live/serve.py --model-dir "$model" --load-format "$format" --out "$results" "$@" || true
+    }
     ref=$results/reference.json
     long=(--long-prompt-tokens 2048 --vocab 100:1000)
     for phase in $phases; do

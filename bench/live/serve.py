@@ -30,7 +30,8 @@ NUM_SPECULATIVE_TOKENS = 5
 
 def serve_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(args.model_dir / "target")]
-    command += ["--served-model-name", SERVED_NAME, "--load-format", "dummy", "--skip-tokenizer-init"]
+    command += ["--served-model-name", SERVED_NAME, "--skip-tokenizer-init"]
+    command += ["--load-format", args.load_format]
     command += ["--host", "127.0.0.1", "--port", str(args.port), "--max-model-len", str(args.max_model_len)]
     command += ["--max-num-seqs", str(args.max_num_seqs), "--gpu-memory-utilization", "0.4", "--seed", "0"]
     command += ["--enable-chunked-prefill", "--enable-prefix-caching"]
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", action="append", type=Path, required=True, help="site folder, first wins")
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--dspark", action="store_true")
+    parser.add_argument("--load-format", choices=("dummy", "safetensors"), default="dummy")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--port", type=int, default=8000)

@@ -2,14 +2,18 @@
 
 vLLM serves them with ``--load-format dummy`` (random weights, drawn with a fixed seed per parameter, so
 two servers of the same model compute the same function) and ``--skip-tokenizer-init`` (prompts are token
-ids), so no weights, tokenizer or hub access are needed. The draft is vLLM v0.25.1's ``Qwen3DSparkModel``
+ids), so no weights, tokenizer or hub access are needed. vLLM's dummy weights are uniform in +-1e-3, norms
+included, which makes greedy completions degenerate (they settle into two alternating tokens);
+``--weights`` instead writes seeded ``model.safetensors`` files (normal, std 0.02, norms 1: the usual
+initialisation), so completions vary token by token and a lossless check compares something (needs torch
+and safetensors; serve with ``--load-format safetensors``). The draft is vLLM v0.25.1's ``Qwen3DSparkModel``
 (``vllm/model_executor/models/qwen3_dspark.py``): a DFlash Qwen3 backbone fed with the target's hidden
 states at ``dflash_config.target_layer_ids``, plus the low-rank Markov head; method ``dspark`` runs it on
 vLLM's V2 GPU model runner with the DSpark speculator our first patch fixes. The draft shares the target's
 embedding and LM head (it ships neither), as DSpark checkpoints do.
 
-    python3 bench/live/test_model.py --out /tmp/sparkseal-model
-    # -> /tmp/sparkseal-model/target/config.json, /tmp/sparkseal-model/draft/config.json
+    python3 bench/live/test_model.py --out /tmp/sparkseal-model [--weights]
+    # -> /tmp/sparkseal-model/target/config.json, /tmp/sparkseal-model/draft/config.json (+ model.safetensors)
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ HIDDEN_SIZE = 256
 HEAD_DIM = 64
 MAX_POSITIONS = 8192
 MASK_TOKEN_ID = VOCAB_SIZE - 1  # never drawn by the prompts (token ids 100..999 by default)
+INIT_STD = 0.02
+WEIGHT_SEED = 20261201
 
 
 def _common() -> dict:
@@ -65,14 +71,84 @@ def draft_config() -> dict:
     }
 
 
-def write(out: Path) -> list[Path]:
+def _layer_shapes(config: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """Hugging Face Qwen3 decoder-layer parameter names and shapes (vLLM's loaders stack q/k/v, gate/up)."""
+    hidden, heads, kv_heads = (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    )
+    head_dim, inter = config["head_dim"], config["intermediate_size"]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(config["num_hidden_layers"]):
+        layer = f"{prefix}layers.{i}."
+        shapes |= {
+            layer + "input_layernorm.weight": (hidden,),
+            layer + "post_attention_layernorm.weight": (hidden,),
+            layer + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+            layer + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+            layer + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+            layer + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+            layer + "self_attn.q_norm.weight": (head_dim,),
+            layer + "self_attn.k_norm.weight": (head_dim,),
+            layer + "mlp.gate_proj.weight": (inter, hidden),
+            layer + "mlp.up_proj.weight": (inter, hidden),
+            layer + "mlp.down_proj.weight": (hidden, inter),
+        }
+    return shapes
+
+
+def weight_shapes(name: str, config: dict) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes: the target as Hugging Face writes Qwen3, the draft as DSpark ships it.
+
+    The draft's names have no ``model.`` prefix and it ships no embedding or LM head (vLLM's
+    ``Qwen3DSparkForCausalLM.load_weights`` adds the prefix and shares the target's).
+    """
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    if name == "target":
+        return {
+            "model.embed_tokens.weight": (vocab, hidden),
+            **_layer_shapes(config, "model."),
+            "model.norm.weight": (hidden,),
+            "lm_head.weight": (vocab, hidden),
+        }
+    features = len(config["dflash_config"]["target_layer_ids"]) * config["target_hidden_size"]
+    return {
+        **_layer_shapes(config, ""),
+        "fc.weight": (hidden, features),
+        "hidden_norm.weight": (hidden,),
+        "norm.weight": (hidden,),
+        "markov_head.markov_w1.weight": (vocab, config["markov_rank"]),
+        "markov_head.markov_w2.weight": (vocab, config["markov_rank"]),
+    }
+
+
+def write_weights(path: Path, shapes: dict[str, tuple[int, ...]], seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for key in sorted(shapes):
+        if key.endswith("norm.weight"):
+            tensors[key] = torch.ones(shapes[key], dtype=torch.bfloat16)
+        else:
+            values = torch.randn(shapes[key], generator=generator, dtype=torch.float32) * INIT_STD
+            tensors[key] = values.to(torch.bfloat16)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def write(out: Path, weights: bool = False) -> list[Path]:
     written = []
-    for name, config in (("target", target_config()), ("draft", draft_config())):
+    for index, (name, config) in enumerate((("target", target_config()), ("draft", draft_config()))):
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "config.json"
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         written.append(path)
+        if weights:
+            write_weights(folder / "model.safetensors", weight_shapes(name, config), WEIGHT_SEED + index)
+            written.append(folder / "model.safetensors")
     return written
 
 
@@ -81,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for target/ and draft/")
+    parser.add_argument("--weights", action="store_true", help="also write seeded model.safetensors files")
     args = parser.parse_args(argv)
-    for path in write(args.out):
+    for path in write(args.out, args.weights):
         print(path)
     return 0
 
