@@ -155,3 +155,20 @@ def test_test_model_configs(tmp_path: Path, name: str):
         assert max(config["dflash_config"]["target_layer_ids"]) < 4  # layers the target has
     else:
         assert config["architectures"] == ["Qwen3ForCausalLM"] and config["num_hidden_layers"] == 4
+
+
+def test_seeded_weights_cover_the_target_and_the_draft_without_embedding_or_head():
+    spec = importlib.util.spec_from_file_location(
+        "live_test_model", REPO / "bench" / "live" / "test_model.py"
+    )
+    model = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(model)
+    target = model.weight_shapes("target", model.target_config())
+    draft = model.weight_shapes("draft", model.draft_config())
+    assert target["model.embed_tokens.weight"] == target["lm_head.weight"] == (4096, 256)
+    assert len([name for name in target if name.startswith("model.layers.3.")]) == 11
+    assert not any("embed_tokens" in name or "lm_head" in name for name in draft)  # shared from the target
+    assert draft["fc.weight"] == (256, 2 * 256)  # two target layers' hidden states in, hidden out
+    assert draft["markov_head.markov_w1.weight"] == draft["markov_head.markov_w2.weight"] == (4096, 32)
+    assert {name.split(".")[1] for name in draft if name.startswith("layers.")} == {"0", "1"}
