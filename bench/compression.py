@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparkseal.build.layer import CHUNK, plan_layer, write_tar
+from sparkseal.actions.oci_layer import plan_layer, write_tar
+from sparkseal.core.tar import CHUNK
 
 GZIP_LEVELS = (1, 6, 9)
 ZSTD_LEVELS = (3, 10, 19)
@@ -131,7 +132,7 @@ def report(command: str, wheels: list[Path], tar_size: int, results: list[Result
         f"Python {platform.python_version()} (zlib {zlib.ZLIB_RUNTIME_VERSION}); {_zstd_version()}. "
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d')}.",
         "",
-        "Input: one layer tar written by `sparkseal.build.layer` from the unpacked "
+        "Input: one layer tar written by `sparkseal.actions.oci_layer` from the unpacked "
         + ", ".join(f"`{w.name}`" for w in wheels)
         + f": {tar_size / mb:,.0f} MB.",
         "",

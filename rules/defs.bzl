@@ -8,6 +8,7 @@ load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci
 load("//rules/private:oci_layer.bzl", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
 load("//rules/private:pex.bzl", _sparkseal_pex = "sparkseal_pex")
+load("//rules/private:platforms.bzl", _DEBIAN_ARCHITECTURES = "DEBIAN_ARCHITECTURES", _PLATFORMS = "PLATFORMS")
 load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
@@ -16,7 +17,9 @@ load("//rules/private:vllm_tree.bzl", _vllm_patched_tree = "vllm_patched_tree", 
 load("//rules/private:vllm_wheel.bzl", _vllm_wheel = "vllm_wheel")
 load("//rules/private:wheel_install.bzl", _wheel_install = "wheel_install")
 
+DEBIAN_ARCHITECTURES = _DEBIAN_ARCHITECTURES
 DebianRootfsInfo = _DebianRootfsInfo
+PLATFORMS = _PLATFORMS
 cuda_archs_setting = _cuda_archs_setting
 cuda_toolkit = _cuda_toolkit
 debian_packages = _debian_packages

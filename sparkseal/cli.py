@@ -6,10 +6,13 @@ Exit status: 0 all good, 1 a finding (or a failed fetch), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import sys
 from pathlib import Path
+
+from sparkseal.core.platforms import PLATFORMS
 
 DEFAULT_VLLM_LOCK = Path("third_party/vllm/vllm.lock.json")
 DEFAULT_VLLM_SERIES = Path("patches/vllm/series")
@@ -140,7 +143,7 @@ def _add_lock_python(kinds: argparse._SubParsersAction) -> None:
     )
     python.add_argument(
         "--platform",
-        choices=("linux_aarch64", "linux_x86_64", "all"),
+        choices=(*PLATFORMS, "all"),
         default="all",
         help="platform to lock (default: all)",
     )
@@ -173,7 +176,7 @@ def _modules_arg(value: str) -> tuple[str, ...]:
 
 
 def _verify_modules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.build.module_manifest import ManifestError, load_manifest
+    from sparkseal.core.manifest import ManifestError, load_manifest
     from sparkseal.runtime.verify import render, verify_module
 
     try:
@@ -186,7 +189,7 @@ def _verify_modules(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def _add_verify_modules(commands: argparse._SubParsersAction) -> None:
-    from sparkseal.build.module_manifest import IMAGE_MANIFEST_PATH
+    from sparkseal.core.manifest import IMAGE_MANIFEST_PATH
     from sparkseal.runtime.verify import DEFAULT_MODULES
 
     verify = commands.add_parser(
@@ -213,7 +216,7 @@ def _add_verify_modules(commands: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.build.module_manifest import ManifestError
+    from sparkseal.core.manifest import ManifestError
     from sparkseal.runtime.serve import serve
 
     vllm_args = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
@@ -224,7 +227,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
-    from sparkseal.build.module_manifest import IMAGE_MANIFEST_PATH
+    from sparkseal.core.manifest import IMAGE_MANIFEST_PATH
     from sparkseal.runtime.verify import DEFAULT_MODULES
 
     serve = commands.add_parser(
@@ -242,7 +245,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.audit.scan import ScanInputError, render, run_scan
+    from sparkseal.core.scan import ScanInputError, render, run_scan
 
     try:
         report = run_scan(args.paths, args.image, args.allow)
@@ -253,7 +256,7 @@ def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _add_scan(commands: argparse._SubParsersAction) -> None:
-    from sparkseal.audit.scan import DEFAULT_ALLOW, RULES
+    from sparkseal.core.scan import DEFAULT_ALLOW, RULES
 
     scan = commands.add_parser(
         "scan",
@@ -535,20 +538,29 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     live.set_defaults(handler=_live_check, parser=live)
 
 
+# Each command and the package that implements it. The image's sparkseal wheel ships sparkseal.core and
+# sparkseal.runtime only (sparkseal/BUILD), so there the commands of the other packages are not offered.
+_COMMANDS = (
+    ("sparkseal.fetch", _add_lock),
+    ("sparkseal.audit", _add_verify),
+    ("sparkseal.runtime", _add_verify_modules),
+    ("sparkseal.runtime", _add_serve),
+    ("sparkseal.core", _add_scan),
+    ("sparkseal.audit", _add_nccl_diff),
+    ("sparkseal.runtime", _add_live_check),
+    ("sparkseal.audit", _add_provenance),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser of the ``sparkseal`` command with all its subcommands."""
     parser = argparse.ArgumentParser(
         prog="sparkseal", description="Hermetic, bit-reproducible build of a DSpark-enabled vLLM."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    _add_lock(commands)
-    _add_verify(commands)
-    _add_verify_modules(commands)
-    _add_serve(commands)
-    _add_scan(commands)
-    _add_nccl_diff(commands)
-    _add_live_check(commands)
-    _add_provenance(commands)
+    for package, add in _COMMANDS:
+        if importlib.util.find_spec(package) is not None:
+            add(commands)
     return parser
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkseal.build.commit import CommitMismatch, check_commit, commit_id_from_version_file
+from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
 from tests.fixtures_vllm import version_file
 
 FULL = "752a3a504485790a2e8491cacbb35c137339ad34"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import module_manifest as mm
+from sparkseal.core import manifest as mm
 from sparkseal.runtime import plugin
 from tests.installed_tree import make_venv
 from tests.loopback import free_port

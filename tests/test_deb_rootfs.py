@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build.deb_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs, main
+from sparkseal.actions.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs, main
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
 from sparkseal.fetch.lock_debian import read_lock, resolve_uris

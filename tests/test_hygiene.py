@@ -126,34 +126,146 @@ def test_every_starlark_file_loads(tmp_path: Path) -> None:
     assert "//third_party/vllm:wheel_linux_aarch64" in result.output
 
 
-def _module_deps_table() -> dict[str, list[str]]:
-    text = (REPO / "sparkseal/build/BUILD").read_text()
-    table = re.search(r"^MODULE_DEPS = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
-    assert table, "sparkseal/build/BUILD: expected a MODULE_DEPS = {...} table, found none"
-    return ast.literal_eval(table.group(1))
+# Which packages of ours each part of sparkseal may import: the core at the bottom imports nothing else of
+# ours; action programs, fetch helpers, auditors and the runtime sit on it and never on each other (an
+# action program imports no other action program either); the command line sits on everything. The
+# package root (``sparkseal/__init__.py``) holds only the version and may be imported by all.
+ALLOWED_IMPORTS = {
+    "core": {"core"},
+    "actions": {"core"},
+    "fetch": {"core", "fetch"},
+    "audit": {"core", "audit"},
+    "runtime": {"core", "runtime"},
+    "cli": {"core", "actions", "fetch", "audit", "runtime", "cli"},
+}
 
 
-def _build_imports(module: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(module.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "sparkseal.build":
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sparkseal.build."):
-            found.add(node.module.split(".")[2])
+def _part(rel: Path) -> str:
+    """The part of the package a module belongs to (``sparkseal/<part>/x.py``; ``cli.py`` is the cli)."""
+    return rel.parts[1] if len(rel.parts) > 2 else "cli"
+
+
+def _our_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a ``sparkseal`` module, function-level imports included."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from sparkseal.core import tar` imports the module sparkseal.core.tar
+            package = node.module.count(".") < 2
+            names = [f"{node.module}.{a.name}" for a in node.names] if package else [node.module]
+            found += [(node.lineno, name) for name in names if name.split(".")[0] == "sparkseal"]
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("sparkseal.build."))
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "sparkseal"]
     return found
 
 
-def test_build_action_deps_match_their_imports() -> None:
-    """Each action program's Bazel inputs are the modules it imports: no more (cache misses), no fewer."""
-    table = _module_deps_table()
-    modules = sorted(p for p in (REPO / "sparkseal/build").glob("*.py") if p.stem != "__init__")
-    assert sorted(table) == [p.stem for p in modules], (
-        "sparkseal/build/BUILD: MODULE_DEPS lists other modules"
+def import_violations(modules: dict[Path, str]) -> list[str]:
+    """Every import against the direction in ``modules`` (repository path -> source), one line each."""
+    violations = []
+    for rel, source in sorted(modules.items()):
+        part = _part(rel)
+        for line, name in _our_imports(source):
+            parts = name.split(".")
+            target = parts[1] if len(parts) > 1 else "__init__"
+            if target in {"__init__", "__version__"}:
+                continue
+            target = "cli" if target in {"cli", "__main__"} else target
+            if target not in ALLOWED_IMPORTS[part]:
+                violations.append(
+                    f"{rel}:{line}: imports {name}; sparkseal.{part} may import only "
+                    f"{', '.join(sorted('sparkseal.' + p for p in ALLOWED_IMPORTS[part]))}"
+                )
+            elif part == "actions" and target == "actions":
+                violations.append(f"{rel}:{line}: imports {name}; an action program imports no other")
+    return violations
+
+
+def _package_modules() -> dict[Path, str]:
+    return {p.relative_to(REPO): p.read_text() for p in sorted((REPO / "sparkseal").rglob("*.py"))}
+
+
+def test_imports_flow_one_way() -> None:
+    """core <- actions, fetch, audit, runtime <- cli: no module imports against the direction."""
+    modules = _package_modules()
+    assert {_part(rel) for rel in modules} == set(ALLOWED_IMPORTS), sorted({_part(r) for r in modules})
+    assert import_violations(modules) == []
+
+
+def test_the_import_check_names_an_upward_import() -> None:
+    modules = {
+        Path("sparkseal/actions/oci_layer_scan.py"): "from sparkseal.audit.scan import scan_stream\n",
+        Path("sparkseal/core/tar.py"): "import os\n\n\ndef f():\n    from sparkseal.runtime import verify\n",
+        Path(
+            "sparkseal/actions/sbom.py"
+        ): "from sparkseal import __version__\nfrom sparkseal.actions import oci_image\n",
+        Path("sparkseal/fetch/series.py"): "from sparkseal.core.patchset import read_series\n",
+    }
+    assert import_violations(modules) == [
+        "sparkseal/actions/oci_layer_scan.py:1: imports sparkseal.audit.scan; sparkseal.actions may import "
+        "only sparkseal.core",
+        "sparkseal/actions/sbom.py:2: imports sparkseal.actions.oci_image; sparkseal.actions may import only "
+        "sparkseal.core",
+        "sparkseal/core/tar.py:5: imports sparkseal.runtime.verify; sparkseal.core may import only "
+        "sparkseal.core",
+    ]
+
+
+def _deps_table(build: str, name: str) -> dict[str, list[str]]:
+    text = (REPO / build).read_text()
+    table = re.search(rf"^{name} = (\{{.*?^\}})", text, re.MULTILINE | re.DOTALL)
+    assert table, f"{build}: expected a {name} = {{...}} table, found none"
+    return ast.literal_eval(table.group(1))
+
+
+def _core_imports(source: str) -> list[str]:
+    return sorted(
+        {name.split(".")[2] for _, name in _our_imports(source) if name.startswith("sparkseal.core.")}
     )
+
+
+@pytest.mark.parametrize(
+    ("package", "build", "table"),
+    [("core", "sparkseal/core/BUILD", "CORE_DEPS"), ("actions", "sparkseal/actions/BUILD", "ACTION_DEPS")],
+)
+def test_bazel_deps_match_the_imports(package: str, build: str, table: str) -> None:
+    """Each module's Bazel inputs are the core modules it imports: no more (cache misses), no fewer."""
+    deps = _deps_table(build, table)
+    modules = sorted(p for p in (REPO / "sparkseal" / package).glob("*.py") if p.stem != "__init__")
+    assert sorted(deps) == [p.stem for p in modules], f"{build}: {table} lists other modules"
     for module in modules:
-        assert sorted(_build_imports(module)) == table[module.stem], (
-            f"sparkseal/build/BUILD: MODULE_DEPS[{module.stem!r}]: expected {sorted(_build_imports(module))} "
-            f"(the imports of {module.name}), found {table[module.stem]}"
+        imported = _core_imports(module.read_text())
+        assert imported == deps[module.stem], (
+            f"{build}: {table}[{module.stem!r}]: expected {imported} (the imports of {module.name}), "
+            f"found {deps[module.stem]}"
         )
+
+
+def test_starlark_platforms_are_the_python_ones() -> None:
+    """rules/private/platforms.bzl repeats sparkseal/core/platforms.py for Starlark; they must agree."""
+    from sparkseal.core import platforms
+
+    text = (REPO / "rules/private/platforms.bzl").read_text()
+    names = re.search(r"^PLATFORMS = (\[.*?\])", text, re.MULTILINE | re.DOTALL)
+    debian = re.search(r"^DEBIAN_ARCHITECTURES = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
+    assert names and debian, "rules/private/platforms.bzl: expected PLATFORMS and DEBIAN_ARCHITECTURES"
+    assert ast.literal_eval(names.group(1)) == list(platforms.PLATFORMS)
+    assert ast.literal_eval(debian.group(1)) == platforms.DEBIAN_ARCHITECTURES
+    assert set(platforms.MACHINES) == set(platforms.PLATFORMS) == set(platforms.DEBIAN_ARCHITECTURES)
+
+
+def test_platform_names_are_written_in_one_place() -> None:
+    """No Python module or .bzl file spells out the platform list itself: they read the one table."""
+    pattern = re.compile(r"""["']linux_aarch64["'],\s*["']linux_x86_64["']""")
+    homes = {Path("sparkseal/core/platforms.py"), Path("rules/private/platforms.bzl")}
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in [
+            *(REPO / "sparkseal").rglob("*.py"),
+            *(REPO / "rules").rglob("*.bzl"),
+            *REPO.glob("**/BUILD"),
+        ]
+        if p.relative_to(REPO) not in homes
+        and not p.relative_to(REPO).parts[0].startswith(("bazel-", "tests", "third_party"))
+        and pattern.search(p.read_text())
+    ]
+    assert offenders == []

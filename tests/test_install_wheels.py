@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build.install_wheels import (
+from sparkseal.actions.wheel_install import (
     InstallError,
     install_wheels,
     pyvenv_cfg,
     read_replaces,
-    supported_tags,
-    tag_rank,
 )
-from sparkseal.determinism import SOURCE_DATE_EPOCH
+from sparkseal.core.determinism import SOURCE_DATE_EPOCH
+from sparkseal.core.wheels import supported_tags, tag_rank
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 
 SITE = "opt/venv/lib/python3.11/site-packages"
@@ -310,7 +309,7 @@ def test_command_line_with_a_params_file(tmp_path: Path, installer_wheel: Path) 
     for wheel in wheels:
         lines += ["--wheel", str(wheel)]
     params.write_text("\n".join([*lines, "--no-pyvenv-cfg"]) + "\n")
-    command = [sys.executable, "-m", "sparkseal.build.install_wheels", f"@{params}"]
+    command = [sys.executable, "-m", "sparkseal.actions.wheel_install", f"@{params}"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr

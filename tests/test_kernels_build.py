@@ -1,6 +1,6 @@
 """The sparkseal wheel with libsparkseal_kernels.so: action program, CMake guards, and the Bazel build.
 
-Unit tests of ``sparkseal.build.kernels_wheel`` run anywhere. The Bazel tests (``-m bazel``; the first run
+Unit tests of ``sparkseal.actions.kernels_wheel`` run anywhere. The Bazel tests (``-m bazel``; the first run
 downloads the locked toolchain wheels, ``network``) build ``//kernels_sm121:wheel_linux_{aarch64,x86_64}`` in
 two output bases and check the cubins with the locked cuobjdump, the wheel tags and layout, bit-identical
 wheels, the architecture flag, and CMake's refusal of an empty architecture list or a device-debug flag.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import kernels_wheel
-from sparkseal.determinism import SOURCE_DATE_EPOCH, ZIP_DATE_TIME
+from sparkseal.actions import kernels_wheel
+from sparkseal.core.determinism import SOURCE_DATE_EPOCH, ZIP_DATE_TIME
 from tests.bazel_util import REPO, Workspace
 
 PLATFORMS = ("linux_aarch64", "linux_x86_64")

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from sparkseal.build import layer
-from sparkseal.determinism import SOURCE_DATE_EPOCH
+from sparkseal.actions import oci_layer as layer
+from sparkseal.core import tar
+from sparkseal.core.determinism import SOURCE_DATE_EPOCH
 from tests.bazel_util import REPO
 
 SCRIPT = b"#!/bin/sh\necho hi\n"
@@ -44,7 +45,7 @@ def make_tree(root: Path, order: list[str], mode: int, mtime: int) -> Path:
 def run_layer(args: list[str], cwd: Path, umask: int, tz: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TZ": tz, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "sparkseal.build.layer", *args],
+        [sys.executable, "-m", "sparkseal.actions.oci_layer", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -244,7 +245,7 @@ def test_long_and_non_ascii_paths_get_a_pax_header_with_only_the_path(tmp_path: 
 
 def test_a_size_over_the_ustar_field_goes_to_pax() -> None:
     size = 9 * 2**30
-    header = layer._header(b"big.bin", b"0", 0o644, size)
+    header = tar._header(b"big.bin", b"0", 0o644, size)
     assert len(header) == 3 * 512  # pax header, its records, the ustar header
     assert b"size=%d\n" % size in header[512:1024]
     assert header[1024 + 124 : 1024 + 136] == b"00000000000\0"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build.install_wheels import parse_wheel_filename, tag_rank
+from sparkseal.core.wheels import parse_wheel_filename, tag_rank
 from sparkseal.fetch import lock_python as lp
 from sparkseal.fetch.index import list_files
 from tests import fixture_index

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal import cli
-from sparkseal.fetch import lock_vllm as lock_module
+from sparkseal.core import files
 from tests.fixture_index import FixtureIndex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -330,9 +330,9 @@ def test_write_atomically_leaves_the_old_file_on_error(
     def fail(*_: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(lock_module.os, "replace", fail)
+    monkeypatch.setattr(files.os, "replace", fail)
     with pytest.raises(OSError, match="disk full"):
-        lock_module.write_atomically(lock, "new\n")
+        files.write_atomically(lock, "new\n")
     assert [p.name for p in tmp_path.iterdir()] == ["vllm.lock.json"]
     assert lock.read_text() == "old\n"
 

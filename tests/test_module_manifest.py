@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import module_manifest as mm
+from sparkseal.actions import module_manifest as mm_action
+from sparkseal.core import manifest as mm
 from tests.installed_tree import SITE, install, make_venv
 
 
@@ -90,7 +91,7 @@ def test_a_changed_byte_changes_module_and_top_digest_only_there(tmp_path: Path)
 def test_action_main_writes_the_manifest(tmp_path: Path) -> None:
     make_venv(tmp_path / "tree")
     out = tmp_path / "manifest.json"
-    assert mm.main(["--tree", str(tmp_path / "tree"), "--prefix", "/opt/venv", "--out", str(out)]) == 0
+    assert mm_action.main(["--tree", str(tmp_path / "tree"), "--prefix", "/opt/venv", "--out", str(out)]) == 0
     assert mm.load_manifest(out) == mm.tree_manifest(tmp_path / "tree", "/opt/venv")
     assert out.read_text() == mm.dumps(mm.load_manifest(out))
 
@@ -114,7 +115,7 @@ def test_action_main_merges_the_trees_of_several_layers(tmp_path: Path) -> None:
     assert any((layers[1] / "opt/venv").rglob("*.py"))
     out = tmp_path / "manifest.json"
     args = [arg for tree in layers for arg in ("--tree", str(tree))]
-    assert mm.main([*args, "--out", str(out)]) == 0
+    assert mm_action.main([*args, "--out", str(out)]) == 0
     assert mm.load_manifest(out) == mm.tree_manifest(tmp_path / "tree", "/opt/venv")
 
 
@@ -122,7 +123,9 @@ def test_a_file_in_two_layer_trees_is_an_error(tmp_path: Path, capsys: pytest.Ca
     make_venv(tmp_path / "a")
     make_venv(tmp_path / "b")
     out = tmp_path / "manifest.json"
-    assert mm.main(["--tree", str(tmp_path / "a"), "--tree", str(tmp_path / "b"), "--out", str(out)]) == 1
+    assert (
+        mm_action.main(["--tree", str(tmp_path / "a"), "--tree", str(tmp_path / "b"), "--out", str(out)]) == 1
+    )
     err = capsys.readouterr().err
     assert f"is in two layer trees: {tmp_path / 'a'} and {tmp_path / 'b'}" in err
     assert not out.exists()
@@ -130,13 +133,13 @@ def test_a_file_in_two_layer_trees_is_an_error(tmp_path: Path, capsys: pytest.Ca
 
 def test_action_main_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "manifest.json"
-    assert mm.main(["--tree", str(tmp_path), "--out", str(out)]) == 1
+    assert mm_action.main(["--tree", str(tmp_path), "--out", str(out)]) == 1
     assert f"module_manifest: {tmp_path}: expected the virtual environment of prefix /opt/venv" in (
         capsys.readouterr().err
     )
     assert not out.exists()
     with pytest.raises(SystemExit) as exit_info:
-        mm.main(["--tree", str(tmp_path), "--prefix", "opt/venv", "--out", str(out)])
+        mm_action.main(["--tree", str(tmp_path), "--prefix", "opt/venv", "--out", str(out)])
     assert exit_info.value.code == 2
     assert "--prefix opt/venv: expected an absolute path" in capsys.readouterr().err
 
@@ -331,7 +334,7 @@ def test_pex_manifest_via_main(tmp_path: Path) -> None:
     pex = tmp_path / "app.pex"
     _write_zip(pex, {f".deps/{_WHEEL}/{p}": d for p, d in _chroot_entries(site).items()})
     out = tmp_path / "pex.json"
-    assert mm.main(["--pex", str(pex), "--out", str(out)]) == 0
+    assert mm_action.main(["--pex", str(pex), "--out", str(out)]) == 0
     assert mm.load_manifest(out)["distributions"]["torch"]["version"] == "2.11.0"
 
 

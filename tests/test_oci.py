@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import layer, oci
-from sparkseal.build.platforms import PLATFORMS, oci_platform
+from sparkseal.actions import oci_image as oci
+from sparkseal.actions import oci_layer as layer
+from sparkseal.core.oci import LAYER_MEDIA_TYPE
+from sparkseal.core.platforms import PLATFORMS, oci_platform
 from tests.bazel_util import BAZEL, REPO, Workspace, base_env, make_fixture_workspace
 
 SCRIPT = b"#!/bin/sh\necho tool\n"
@@ -123,7 +125,7 @@ def test_layout_has_canonical_documents_and_consistent_digests(tmp_path: Path) -
     manifest = json.loads(manifest_bytes)
     assert manifest_bytes == oci.canonical_json(manifest) and entry["size"] == len(manifest_bytes)
     assert manifest["layers"] == [
-        {"digest": lay.digest, "mediaType": layer.LAYER_MEDIA_TYPE, "size": lay.size} for lay in image.layers
+        {"digest": lay.digest, "mediaType": LAYER_MEDIA_TYPE, "size": lay.size} for lay in image.layers
     ]
     config_bytes = blob(image, manifest["config"]["digest"])
     config = json.loads(config_bytes)

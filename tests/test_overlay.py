@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import overlay as overlay_action
-from sparkseal.build.overlay import OverlayError, apply_overlay, load_manifest, patched_by
+from sparkseal.actions import vllm_patched_tree_overlay as overlay_action
+from sparkseal.actions.vllm_patched_tree_overlay import OverlayError, apply_overlay, load_manifest, patched_by
 from tests.fixtures_vllm import git_diff, make_overlay, make_patch, write_tree
 
 A_PY = b"A = 1\n"

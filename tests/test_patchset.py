@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import apply_patch as apply_patch_action
-from sparkseal.build.patchset import PatchError, apply_patch, parse_patch, read_series
+from sparkseal.actions import vllm_patched_tree_patch as apply_patch_action
+from sparkseal.core.patchset import PatchError, apply_patch, parse_patch, read_series
 from tests.fixtures_vllm import git_diff, make_patch, write_tree
 
 A_PY = "".join(f"a{i} = {i}\n" for i in range(1, 21))

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import pex_build
-from sparkseal.build.install_wheels import install_wheels, supported_tags
-from sparkseal.build.module_manifest import pex_manifest, tree_manifest
-from sparkseal.build.pex_build import PexBuildError, build_pex, render_complete_platform
+from sparkseal.actions import sparkseal_pex as pex_build
+from sparkseal.actions.sparkseal_pex import PexBuildError, build_pex, render_complete_platform
+from sparkseal.actions.wheel_install import install_wheels
+from sparkseal.core.manifest import pex_manifest, tree_manifest
+from sparkseal.core.wheels import supported_tags
 from tests.fixture_wheels import REPO, locked_installer_wheel, locked_tool_wheel, make_wheel
 
 COMPLETE_PLATFORMS = REPO / "third_party/python/complete_platforms"
@@ -91,7 +92,7 @@ def test_checked_in_complete_platform_is_the_generators_output(platform: str) ->
     assert document["marker_environment"]["platform_machine"] == platform.removeprefix("linux_")
     # The generator command named in the file prints the same bytes.
     result = subprocess.run(
-        ["python3", "-m", "sparkseal.build.pex_build", "--print-complete-platform", platform],
+        ["python3", "-m", "sparkseal.actions.sparkseal_pex", "--print-complete-platform", platform],
         cwd=REPO,
         capture_output=True,
         text=True,

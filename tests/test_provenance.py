@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sparkseal import cli
-from sparkseal.build import provenance, sbom
-from sparkseal.build.pex_build import tree_digest
+from sparkseal.actions import provenance, sbom
+from sparkseal.actions.sparkseal_pex import tree_digest
 from tests.bazel_util import BAZEL, Workspace, base_env, make_fixture_workspace
 from tests.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import repack_wheel as repack_action
-from sparkseal.build.repack_wheel import RepackError, repack
+from sparkseal.actions import vllm_wheel as repack_action
+from sparkseal.actions.vllm_wheel import RepackError, repack
 from tests.fixtures_vllm import (
     FAKE_SO,
     FAKE_SO_NAME,
@@ -201,7 +201,7 @@ def test_repack_is_deterministic_across_runs_umask_and_timezone(tmp_path: Path) 
         path.chmod(0o600)
     env = {**os.environ, "TZ": "Asia/Kathmandu", "PYTHONPATH": str(REPO)}
     script = (
-        f"umask 077; exec {sys.executable} -m sparkseal.build.repack_wheel --upstream {second.wheel} "
+        f"umask 077; exec {sys.executable} -m sparkseal.actions.vllm_wheel --upstream {second.wheel} "
         f"--pristine {second.pristine} --patched {second.patched} --commit {COMMIT} "
         f"--patch {second.patch} --out {second.out} --report {tmp_path / 'report.json'}"
     )

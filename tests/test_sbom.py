@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal import __version__
-from sparkseal.build import provenance, sbom
+from sparkseal.actions import provenance, sbom
 
 COMMIT = "752a3a504485790a2e8491cacbb35c137339ad34"
 PLATFORM = "linux_aarch64"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.audit import scan
+from sparkseal.core import scan
 
 REPO = Path(__file__).resolve().parents[1]
 

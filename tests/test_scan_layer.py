@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import scan_layer
+from sparkseal.actions import oci_layer_scan as scan_layer
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
 from tests.test_scan import AWS, HOME
 from tests.test_scan import _layer as layer_bytes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import module_manifest as mm
+from sparkseal.core import manifest as mm
 from tests.installed_tree import make_venv
 
 REPO = Path(__file__).resolve().parents[1]

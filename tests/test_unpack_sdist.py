@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import unpack_sdist as unpack_action
-from sparkseal.build.unpack_sdist import SdistError, unpack
+from sparkseal.actions import vllm_source_tree as unpack_action
+from sparkseal.actions.vllm_source_tree import SdistError, unpack
 from tests.fixtures_vllm import make_sdist, version_file
 
 VERSION = "0.25.1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.build import module_manifest as mm
+from sparkseal.core import manifest as mm
 from sparkseal.runtime import verify
 from tests.installed_tree import install, make_venv
 

@@ -186,6 +186,6 @@ debian_rootfs = rule(
             values = ["none", "slim"],
             doc = "named path filter: `slim` drops documentation, manuals and translations (copyright kept)",
         ),
-        "_tool": tool("//sparkseal/build:deb_rootfs"),
+        "_tool": tool("//sparkseal/actions:debian_rootfs"),
     },
 )

@@ -6,8 +6,7 @@
 """
 
 load(":common.bzl", "ACTION_ENV", "tool")
-
-PLATFORMS = ["linux_aarch64", "linux_x86_64"]
+load(":platforms.bzl", "PLATFORMS")
 
 CudaArchsInfo = provider(
     doc = "The value of the CUDA architecture build setting.",
@@ -54,7 +53,7 @@ def _kernels_wheel_impl(ctx):
         [ctx.file._cuda_root, ctx.file._cmake, ctx.file._ninja, ctx.file._python_root],
     )
     ctx.actions.run(
-        executable = ctx.executable._builder,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = inputs,
         outputs = [wheel],
@@ -81,7 +80,7 @@ kernels_wheel = rule(
             doc = "Every file of the wheel's source tree (pyproject.toml, the Python package, kernels_sm121/).",
         ),
         "_cuda_archs_flag": attr.label(default = Label("//kernels_sm121:cuda_archs")),
-        "_builder": tool("//sparkseal/build:kernels_wheel"),
+        "_tool": tool("//sparkseal/actions:kernels_wheel"),
         "_cuda": attr.label(default = Label("@sparkseal_cuda//:cuda")),
         "_cuda_root": attr.label(default = Label("@sparkseal_cuda//:cuda_root"), allow_single_file = True),
         "_cmake": attr.label(default = Label("@sparkseal_cuda//:cmake"), allow_single_file = True),

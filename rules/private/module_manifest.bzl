@@ -10,7 +10,7 @@ def _module_manifest_impl(ctx):
     args.add("--prefix", ctx.attr.prefix)
     args.add("--out", out)
     ctx.actions.run(
-        executable = ctx.executable._module_manifest,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = ctx.files.trees,
         outputs = [out],
@@ -22,10 +22,10 @@ def _module_manifest_impl(ctx):
 
 module_manifest = rule(
     implementation = _module_manifest_impl,
-    doc = "Writes `name.json` (sparkseal/build/module_manifest.py) over the venv that `trees` make together.",
+    doc = "Writes `name.json` (sparkseal/core/manifest.py) over the venv that `trees` make together.",
     attrs = {
         "trees": attr.label_list(mandatory = True, doc = "wheel_install trees, in layer order."),
         "prefix": attr.string(default = "/opt/venv", doc = "The venv's path in the image."),
-        "_module_manifest": tool("//sparkseal/build:module_manifest"),
+        "_tool": tool("//sparkseal/actions:module_manifest"),
     },
 )

@@ -1,6 +1,6 @@
 """`oci_image` (layout directory, docker-archive, digest) and `oci_load` (`bazel run` loads the image)."""
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":oci_layer.bzl", "OciLayerInfo")
 
 OciImageInfo = provider(
@@ -22,7 +22,7 @@ def _oci_image_impl(ctx):
     inputs = []
     for layer in ctx.attr.layers:
         info = layer[OciLayerInfo]
-        args.add_all(["--layer", str(layer.label), info.descriptor, info.blob])
+        args.add_all(["--layer", label_string(layer.label), info.descriptor, info.blob])
         inputs += [info.descriptor, info.blob]
 
         # Not read by the image writer: an input so that no image is assembled from a layer whose scan
@@ -41,7 +41,7 @@ def _oci_image_impl(ctx):
         args.add("--user", ctx.attr.user)
     args.add_all(["--layout", layout.path, "--archive", archive, "--digest", digest], expand_directories = False)
     ctx.actions.run(
-        executable = ctx.executable._oci,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = inputs,
         outputs = [layout, archive, digest],
@@ -68,7 +68,7 @@ _oci_image = rule(
         "labels": attr.string_dict(),
         "workdir": attr.string(),
         "user": attr.string(),
-        "_oci": tool("//sparkseal/build:oci"),
+        "_tool": tool("//sparkseal/actions:oci_image"),
     },
 )
 

@@ -1,6 +1,6 @@
 """`oci_layer`: one deterministic image layer (tar, gzip blob, descriptor) from trees, files and links."""
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 
 OciLayerInfo = provider(
     doc = "One image layer written by oci_layer.",
@@ -63,7 +63,7 @@ def _oci_layer_impl(ctx):
         args.add("--tar", tar)
     args.add_all(["--blob", blob, "--descriptor", descriptor])
     ctx.actions.run(
-        executable = ctx.executable._layer,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = inputs,
         outputs = [f for f in (tar, blob, descriptor) if f],
@@ -83,13 +83,13 @@ def _scan(ctx, blob):
     # cached with the layer bytes it read. It writes its report only when the layer is clean.
     report = ctx.actions.declare_file(ctx.label.name + ".scan.json")
     args = ctx.actions.args()
-    args.add_all(["--blob", blob, "--layer", str(ctx.label), "--report", report])
+    args.add_all(["--blob", blob, "--layer", label_string(ctx.label), "--report", report])
     inputs = [blob]
     if ctx.file.scan_allow:
         args.add("--allow", ctx.file.scan_allow)
         inputs.append(ctx.file.scan_allow)
     ctx.actions.run(
-        executable = ctx.executable._scan_layer,
+        executable = ctx.executable._scan_tool,
         arguments = [args],
         inputs = inputs,
         outputs = [report],
@@ -101,7 +101,7 @@ def _scan(ctx, blob):
 
 oci_layer = rule(
     implementation = _oci_layer_impl,
-    doc = """One OCI image layer: `name.tar.gz` and `name.json`, plus `name.tar` with keep_tar (see layer.py).
+    doc = """One OCI image layer: `name.tar.gz` and `name.json`, plus `name.tar` with keep_tar (see sparkseal/actions/oci_layer.py).
 
 A tree's links and permission bits are not read (the sandbox hides them): declare links in `links`
 specs or `symlinks`; a file is 0755 when it starts with ELF magic or `#!`, else 0644, unless `modes`
@@ -133,7 +133,7 @@ and owner) or `directories`.""",
             allow_single_file = [".json"],
             doc = "Allow-list of the scan (`.sparkseal-scan-allow.json`; paths are paths inside the image).",
         ),
-        "_layer": tool("//sparkseal/build:layer"),
-        "_scan_layer": tool("//sparkseal/build:scan_layer"),
+        "_tool": tool("//sparkseal/actions:oci_layer"),
+        "_scan_tool": tool("//sparkseal/actions:oci_layer_scan"),
     },
 )

@@ -1,7 +1,7 @@
 """`patch_series`: turns a quilt-style `series` file into a Starlark list of patch labels.
 
 BUILD files cannot read files, but the build needs the order of the series to chain one action per
-patch; this repository rule reads the series (checked by `sparkseal.build.patchset.read_series`) and
+patch; this repository rule reads the series (checked by `sparkseal.core.patchset.read_series`) and
 writes `@<name>//:series.bzl` with `PATCHES`.
 """
 

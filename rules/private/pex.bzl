@@ -14,12 +14,11 @@ Outputs `<name>.pex/` (a `--layout packed` PEX: run `<name>.pex/__main__.py` or 
 and `<name>.pex.digest` (`sha256:<hex>` of the tree's sha256sum-style listing). pex runs with no index
 and no find-links: every wheel is a pre-resolved distribution pinned by its version, and the wheels must
 form a closure for the platform's complete platform (`//third_party/python/complete_platforms`). The
-`pex` wheel comes from the locked build tools. See sparkseal/build/pex_build.py.
+`pex` wheel comes from the locked build tools. See sparkseal/actions/sparkseal_pex.py.
 """
 
 load(":common.bzl", "ACTION_ENV", "tool")
-
-PLATFORMS = ["linux_aarch64", "linux_x86_64"]
+load(":platforms.bzl", "PLATFORMS")
 
 def _sparkseal_pex_impl(ctx):
     if bool(ctx.attr.script) == bool(ctx.attr.entry_point):
@@ -46,7 +45,7 @@ def _sparkseal_pex_impl(ctx):
     args.add("--digest", digest)
     args.add_all(ctx.files.wheels, before_each = "--wheel")
     ctx.actions.run(
-        executable = ctx.executable._pex_build,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = ctx.files.wheels + [ctx.file.pex, complete_platform],
         outputs = [out, digest],
@@ -87,6 +86,6 @@ sparkseal_pex = rule(
             ],
             allow_files = [".json"],
         ),
-        "_pex_build": tool("//sparkseal/build:pex_build"),
+        "_tool": tool("//sparkseal/actions:sparkseal_pex"),
     },
 )

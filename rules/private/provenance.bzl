@@ -1,14 +1,13 @@
 """`provenance` (in-toto Statement v1 with SLSA v1 provenance) and `sbom` (SPDX 2.3 JSON) of one platform.
 
-See sparkseal/build/provenance.py and sparkseal/build/sbom.py for what each document holds.
+See sparkseal/actions/provenance.py and sparkseal/actions/sbom.py for what each document holds.
 `sparkseal provenance check bazel-bin/<name>.intoto.json` re-derives the provenance's subjects.
 """
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":kernels_wheel.bzl", "CudaArchsInfo")
 load(":oci_image.bzl", "OciImageInfo")
-
-PLATFORMS = ["linux_aarch64", "linux_x86_64"]
+load(":platforms.bzl", "PLATFORMS")
 
 def _one(target, suffix, is_directory):
     found = [f for f in target.files.to_list() if f.basename.endswith(suffix) and f.is_directory == is_directory]
@@ -50,14 +49,14 @@ def _provenance_impl(ctx):
     args.add_all(["--subject", "module-manifest", ctx.file.manifest.short_path, ctx.file.manifest])
     args.add_all(["--subject", "sbom", ctx.file.sbom.short_path, ctx.file.sbom])
     for target in [ctx.attr.image, ctx.attr.pex, ctx.attr.manifest, ctx.attr.sbom]:
-        args.add("--target", str(target.label))
+        args.add("--target", label_string(target.label))
     args.add("--bazel-version", ctx.attr.bazel_version)
     cuda_archs = ctx.attr._cuda_archs_flag[CudaArchsInfo].archs
     if cuda_archs:
         args.add("--cuda-archs", ";".join(cuda_archs))
     args.add("--out", out)
     ctx.actions.run(
-        executable = ctx.executable._provenance,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = ctx.files.patches + ctx.files.built_wheels + [
             ctx.file.vllm_lock,
@@ -101,7 +100,7 @@ provenance = rule(
             doc = "The Bazel release the workspace is built with (Debian's bazel-bootstrap reports none).",
         ),
         "_cuda_archs_flag": attr.label(default = Label("//kernels_sm121:cuda_archs")),
-        "_provenance": tool("//sparkseal/build:provenance"),
+        "_tool": tool("//sparkseal/actions:provenance"),
     },
 )
 
@@ -120,7 +119,7 @@ def _sbom_impl(ctx):
     _patch_args(args, ctx.files.patches)
     args.add("--out", out)
     ctx.actions.run(
-        executable = ctx.executable._sbom,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = ctx.files.patches + ctx.files.wheels + [
             ctx.file.vllm_lock,
@@ -147,6 +146,6 @@ sbom = rule(
         "vllm_wheel": attr.label(mandatory = True, allow_single_file = [".whl"], doc = "Our vLLM wheel."),
         "wheels": attr.label_list(allow_files = [".whl"], doc = "Other wheels the build makes."),
         "patches": attr.label_list(allow_files = [".patch"], doc = "The vLLM patch series, in order."),
-        "_sbom": tool("//sparkseal/build:sbom"),
+        "_tool": tool("//sparkseal/actions:sbom"),
     },
 )

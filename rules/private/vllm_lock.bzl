@@ -10,7 +10,7 @@ WORKSPACE use::
 (platform -> wheel filename), for BUILD files.
 """
 
-PLATFORMS = ["linux_aarch64", "linux_x86_64"]
+load(":platforms.bzl", "PLATFORMS")
 
 def _get(rctx, data, path):
     value = data

@@ -6,7 +6,7 @@ def _vllm_source_tree_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     sdist = ctx.file.sdist
     ctx.actions.run(
-        executable = ctx.executable._unpack_sdist,
+        executable = ctx.executable._tool,
         arguments = [
             "--sdist",
             sdist.path,
@@ -32,7 +32,7 @@ vllm_source_tree = rule(
         "sdist": attr.label(mandatory = True, allow_single_file = [".tar.gz"]),
         "version": attr.string(mandatory = True),
         "commit": attr.string(mandatory = True),
-        "_unpack_sdist": tool("//sparkseal/build:unpack_sdist"),
+        "_tool": tool("//sparkseal/actions:vllm_source_tree"),
     },
 )
 
@@ -51,7 +51,7 @@ def _vllm_patched_tree_impl(ctx):
     for index, patch in enumerate(patches):
         step = ctx.actions.declare_directory("%s.%d" % (ctx.label.name, index + 1))
         ctx.actions.run(
-            executable = ctx.executable._apply_patch,
+            executable = ctx.executable._patch_tool,
             arguments = ["--src", tree.path, "--patch", patch.path, "--out", step.path],
             inputs = [tree, patch],
             outputs = [step],
@@ -71,7 +71,7 @@ def _vllm_patched_tree_impl(ctx):
         args.add("--patch", patch.path)
     args.add("--out", out.path)
     ctx.actions.run(
-        executable = ctx.executable._overlay,
+        executable = ctx.executable._overlay_tool,
         arguments = [args],
         inputs = [tree, ctx.file.overlay_manifest] + ctx.files.overlay + patches,
         outputs = [out],
@@ -89,7 +89,7 @@ vllm_patched_tree = rule(
         "patches": attr.label_list(allow_files = [".patch"], doc = "The series, in order."),
         "overlay": attr.label_list(allow_files = True, doc = "Downstream files, beside the manifest."),
         "overlay_manifest": attr.label(mandatory = True, allow_single_file = [".json"]),
-        "_apply_patch": tool("//sparkseal/build:apply_patch"),
-        "_overlay": tool("//sparkseal/build:overlay"),
+        "_patch_tool": tool("//sparkseal/actions:vllm_patched_tree_patch"),
+        "_overlay_tool": tool("//sparkseal/actions:vllm_patched_tree_overlay"),
     },
 )

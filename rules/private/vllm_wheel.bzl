@@ -15,7 +15,7 @@ def _vllm_wheel_impl(ctx):
     args.add("--out", wheel)
     args.add("--report", report)
     ctx.actions.run(
-        executable = ctx.executable._repack,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = [ctx.file.upstream, ctx.file.pristine, ctx.file.patched] + ctx.files.patches,
         outputs = [wheel, report],
@@ -38,6 +38,6 @@ vllm_wheel = rule(
         "patched": attr.label(mandatory = True, allow_single_file = True),
         "commit": attr.string(mandatory = True),
         "patches": attr.label_list(allow_files = [".patch"]),
-        "_repack": tool("//sparkseal/build:repack_wheel"),
+        "_tool": tool("//sparkseal/actions:vllm_wheel"),
     },
 )

@@ -16,8 +16,7 @@ and no bytecode is written. The `installer` library comes from the locked build-
 """
 
 load(":common.bzl", "ACTION_ENV", "tool")
-
-PLATFORMS = ["linux_aarch64", "linux_x86_64"]
+load(":platforms.bzl", "PLATFORMS")
 
 def _wheel_install_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
@@ -34,7 +33,7 @@ def _wheel_install_impl(ctx):
         args.add("--replaces", ctx.file.replaces)
     args.add_all(ctx.files.wheels, before_each = "--wheel")
     ctx.actions.run(
-        executable = ctx.executable._install,
+        executable = ctx.executable._tool,
         arguments = [args],
         inputs = ctx.files.wheels + [ctx.file.installer] + ctx.files.replaces,
         outputs = [out],
@@ -62,6 +61,6 @@ wheel_install = rule(
             allow_single_file = [".whl"],
             doc = "The locked `installer` wheel (from the python_tools hub).",
         ),
-        "_install": tool("//sparkseal/build:install_wheels"),
+        "_tool": tool("//sparkseal/actions:wheel_install"),
     },
 )

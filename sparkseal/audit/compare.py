@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkseal.audit.rebuild import artifact_digests
-from sparkseal.build.module_manifest import sha256_stream
+from sparkseal.core.digests import sha256_stream
+from sparkseal.core.oci import blob_path, is_layout, read_image
 
 # Members of one layer that get their own diffoscope report; the rest are listed by name.
 DIFFOSCOPE_MEMBERS = 3
@@ -83,30 +84,18 @@ def diffoscope(first: Path, second: Path, report: Path) -> str:
 # --- OCI images -------------------------------------------------------------------------------------
 
 
-def is_oci_layout(path: Path) -> bool:
-    """True for an OCI image layout directory (``oci-layout`` and ``index.json``)."""
-    return path.is_dir() and (path / "oci-layout").is_file() and (path / "index.json").is_file()
-
-
-def _blob(layout: Path, digest: str) -> Path:
-    algorithm, _, hexdigest = digest.partition(":")
-    return layout / "blobs" / algorithm / hexdigest
-
-
 def _json_blob(layout: Path, digest: str) -> Any:
-    return json.loads(_blob(layout, digest).read_text(encoding="utf-8"))
+    return json.loads(blob_path(layout, digest).read_text(encoding="utf-8"))
 
 
 def _image(layout: Path) -> tuple[str, dict[str, Any], list[tuple[str, str]]]:
     """(manifest digest, config, [(layer digest, layer name)]) of the layout's one image."""
-    index = json.loads((layout / "index.json").read_text(encoding="utf-8"))
-    manifest_digest = index["manifests"][0]["digest"]
-    manifest = _json_blob(layout, manifest_digest)
-    config = _json_blob(layout, manifest["config"]["digest"])
+    image = read_image(layout)
+    config = _json_blob(layout, image.manifest["config"]["digest"])
+    layers = image.layers
     names = [h.get("created_by", "") for h in config.get("history", []) if not h.get("empty_layer")]
-    layers = manifest.get("layers", [])
     return (
-        manifest_digest,
+        image.digest,
         config,
         [(layer["digest"], names[i] if i < len(names) else f"layer {i}") for i, layer in enumerate(layers)],
     )
@@ -146,7 +135,7 @@ def _extract(blob: Path, name: str, dest: Path) -> Path:
 def _layer_difference(
     first: Path, second: Path, name: str, digests: tuple[str, str], report_dir: Path
 ) -> tuple[list[str], list[str]]:
-    blob_a, blob_b = _blob(first, digests[0]), _blob(second, digests[1])
+    blob_a, blob_b = blob_path(first, digests[0]), blob_path(second, digests[1])
     a, b = _members(blob_a), _members(blob_b)
     detail = [f"layer {name}: {digests[0]} vs {digests[1]}"]
     changed = sorted(n for n in a.keys() & b.keys() if a[n] != b[n])
@@ -199,7 +188,7 @@ def group_layouts(outputs: Mapping[str, Path]) -> dict[str, Path]:
     roots = {
         rel.removesuffix("/oci-layout"): path.parent
         for rel, path in outputs.items()
-        if rel.endswith("/oci-layout") and is_oci_layout(path.parent)
+        if rel.endswith("/oci-layout") and is_layout(path.parent)
     }
     grouped = {rel: path for rel, path in outputs.items() if not any(rel.startswith(r + "/") for r in roots)}
     grouped.update(roots)
@@ -218,7 +207,7 @@ def compare_outputs(
         if a is None or b is None:
             which = "second" if a is None else "first"
             differences.append(Difference(rel, [f"output only in the {which} build"]))
-        elif is_oci_layout(a) and is_oci_layout(b):
+        elif is_layout(a) and is_layout(b):
             found = compare_layouts(rel, a, b, report_dir)
             if found:
                 differences.append(found)

@@ -1,6 +1,6 @@
 """``sparkseal provenance check``: re-derive a provenance statement's subjects from the artifacts on disk.
 
-Each subject of the statement (``sparkseal.build.provenance``) names its artifact by its path below
+Each subject of the statement (``sparkseal.actions.provenance``) names its artifact by its path below
 ``bazel-bin`` and says in ``annotations.kind`` how its digest is made. The artifact is looked up under a
 root directory (by default the statement's own directory: ``bazel-bin`` for the top package's
 ``provenance_<platform>.intoto.json``) unless an artifact of that kind is given on the command line. Then:
@@ -17,17 +17,16 @@ an input error (:class:`CheckInputError`, exit 2).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkseal.build.module_manifest import FORMAT as MODULE_MANIFEST_FORMAT
-from sparkseal.build.module_manifest import sha256_file
-from sparkseal.build.pex_build import tree_digest
-from sparkseal.build.provenance import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS
+from sparkseal.core.digests import sha256_file, tree_digest
+from sparkseal.core.locks import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS
+from sparkseal.core.manifest import FORMAT as MODULE_MANIFEST_FORMAT
+from sparkseal.core.oci import LayoutError, blob_path, read_image
 
 
 class CheckInputError(Exception):
@@ -125,13 +124,8 @@ def _json_object(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _blob(layout: Path, digest: str, what: str) -> Path:
-    hexdigest = digest.removeprefix("sha256:")
-    blob = layout / "blobs" / "sha256" / hexdigest
+    blob = blob_path(layout, digest)
     if not digest.startswith("sha256:") or not blob.is_file():
         raise CheckInputError(f"{layout}: expected the {what} blob {blob}, found no file")
     return blob
@@ -139,28 +133,20 @@ def _blob(layout: Path, digest: str, what: str) -> Path:
 
 def image_checks(name: str, layout: Path, expected: str) -> list[Check]:
     """The image manifest digest of an OCI layout, then every blob the manifest names."""
-    index_path = layout / "index.json"
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-        manifests = index["manifests"]
-        if not isinstance(manifests, list) or len(manifests) != 1:
-            raise ValueError(f"expected one manifest, found {len(manifests)}")
-        digest = manifests[0]["digest"]
-    except FileNotFoundError as error:
-        raise CheckInputError(f"{index_path}: expected the index of an OCI layout, found no file") from error
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckInputError(
-            f"{index_path}: expected an OCI index naming one manifest, found: {error}"
-        ) from error
-    manifest_bytes = _blob(layout, digest, "image manifest").read_bytes()
-    checks = [Check(name, "oci-image", str(layout), expected, _sha256(manifest_bytes))]
+        image = read_image(layout)
+    except LayoutError as error:
+        raise CheckInputError(f"expected an OCI layout naming one image manifest: {error}") from error
+    manifest_blob = _blob(layout, image.digest, "image manifest")
+    checks = [Check(name, "oci-image", str(layout), expected, sha256_file(manifest_blob))]
     try:
-        manifest = json.loads(manifest_bytes)
-        blobs = [(manifest["config"]["digest"], "config")]
-        blobs += [(layer["digest"], f"layer {number}") for number, layer in enumerate(manifest["layers"])]
-    except (ValueError, KeyError, TypeError) as error:
+        blobs = [(image.manifest["config"]["digest"], "config")]
+        blobs += [
+            (layer["digest"], f"layer {number}") for number, layer in enumerate(image.manifest["layers"])
+        ]
+    except (KeyError, TypeError) as error:
         raise CheckInputError(
-            f"{layout}: expected an image manifest with config and layers at {digest}, found: {error}"
+            f"{layout}: expected an image manifest with config and layers at {image.digest}, found: {error}"
         ) from error
     for blob_digest, what in blobs:
         blob = _blob(layout, blob_digest, what)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sparkseal.audit.scan import ScanInputError, git_listed
-from sparkseal.build import module_manifest
+from sparkseal.core import digests
+from sparkseal.core.scan import ScanInputError, git_listed
 
 DEFAULT_TARGETS = ("//:image", "//:pex")
 
@@ -58,7 +58,7 @@ class Build:
 
 def sha256_file(path: Path) -> str:
     """``sha256:<hex>`` of a file's bytes."""
-    return "sha256:" + module_manifest.sha256_file(path)
+    return "sha256:" + digests.sha256_file(path)
 
 
 def checkout_files(root: Path) -> list[str]:

@@ -9,18 +9,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sparkseal.core.digests import sha256_file as sha256_of
 from sparkseal.fetch.index import TIMEOUT_S, FetchError, IndexFile
 
 _CHUNK = 1 << 20
-
-
-def sha256_of(path: Path) -> str:
-    """Return the hex sha256 of the file at ``path``."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def download(file: IndexFile, directory: Path) -> tuple[Path, str, bool]:

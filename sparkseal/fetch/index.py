@@ -13,6 +13,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from sparkseal.core.wheels import normalize_name
+
 JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 60
 
@@ -69,11 +71,6 @@ def index_url() -> str:
         if value:
             return value
     return PyPI.simple_url
-
-
-def normalize_name(name: str) -> str:
-    """Return the PEP 503 normalised form of a project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def project_name(filename: str) -> str:

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sparkseal.fetch.lock_vllm import write_atomically
+from sparkseal.core.files import write_atomically
+from sparkseal.core.platforms import DEBIAN_ARCHITECTURES
 
 SUITE = "bookworm"
-ARCHITECTURES = ("amd64", "arm64")
+ARCHITECTURES = tuple(sorted(DEBIAN_ARCHITECTURES.values()))
 LOCK_FORMAT = 1
 SOURCES_ENV = "SPARKSEAL_APT_SOURCES"
 GENERATOR = "sparkseal lock debian"

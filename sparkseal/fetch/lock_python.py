@@ -33,10 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkseal.build.install_wheels import (
+from sparkseal.core import platforms
+from sparkseal.core.files import write_atomically
+from sparkseal.core.wheels import (
     GLIBC,
     PYTHON_VERSION,
-    InstallError,
+    WheelError,
     describe_target,
     parse_wheel_filename,
     tag_rank,
@@ -51,13 +53,12 @@ from sparkseal.fetch.index import (
     lookup,
     normalize_name,
 )
-from sparkseal.fetch.lock_vllm import write_atomically
 
-PLATFORMS = ("linux_aarch64", "linux_x86_64")
+PLATFORMS = tuple(platforms.PLATFORMS)
 TOOLS = "any"
 UV_VERSION = "0.13.9"
 # The build hosts uv.txt provides uv for (the machines that run `sparkseal lock python`).
-UV_HOSTS = ("linux_aarch64", "linux_x86_64")
+UV_HOSTS = tuple(platforms.PLATFORMS)
 
 DEFAULT_DIR = Path("third_party/python")
 DEFAULT_VLLM_LOCK = Path("third_party/vllm/vllm.lock.json")
@@ -169,7 +170,7 @@ def select_wheel(pin: Pin, platform: str, page: ProjectPage) -> LockedWheel | st
     for file in page.files:
         try:
             name = parse_wheel_filename(file.filename)
-        except InstallError:  # an sdist, or a file name that no installer would take
+        except WheelError:  # an sdist, or a file name that no installer would take
             continue
         if name.project == pin.name and name.version.lower() == pin.version.lower():
             same.append(file)

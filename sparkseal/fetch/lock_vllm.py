@@ -8,7 +8,6 @@ compared with the index's); the wheels are locked by the hash the index lists.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import tarfile
@@ -17,16 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkseal.build.commit import CommitMismatch, check_commit, commit_id_from_version_file
-from sparkseal.build.patchset import PatchError, apply_patch, read_series
-from sparkseal.build.unpack_sdist import SdistError, unpack
-from sparkseal.determinism import FILE_MODE
+from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
+from sparkseal.core.files import write_atomically
+from sparkseal.core.patchset import PatchError, apply_patch, read_series
+from sparkseal.core.platforms import MACHINES
+from sparkseal.core.sdist import SdistError, unpack
+from sparkseal.core.wheels import platform_tags, wheel_name_or_none
 from sparkseal.fetch.download import download
-from sparkseal.fetch.index import FetchError, IndexFile, ProjectPage, list_files, normalize_name
+from sparkseal.fetch.index import FetchError, IndexFile, ProjectPage, list_files
 
 PROJECT = "vllm"
-# Lock key (wheel-tag style platform name) -> the machine part of a manylinux platform tag.
-PLATFORMS = {"linux_aarch64": "aarch64", "linux_x86_64": "x86_64"}
 FULL_COMMIT_LEN = 40
 
 
@@ -42,20 +41,15 @@ class Release:
     wheels: dict[str, IndexFile]
 
 
-def _wheel_parts(filename: str) -> list[str] | None:
-    parts = filename[: -len(".whl")].split("-") if filename.endswith(".whl") else []
-    return parts if len(parts) in (5, 6) else None
-
-
 def select_release(page: ProjectPage, version: str) -> Release:
     """Pick the sdist and the one manylinux wheel per platform of ``version`` from ``page``."""
     sdist_name = f"{PROJECT}-{version}.tar.gz"
     wheels = []
     sdist = None
     for file in page.files:
-        parts = _wheel_parts(file.filename)
-        if parts and normalize_name(parts[0]) == PROJECT and parts[1] == version:
-            wheels.append((file, parts[-1].split(".")))
+        name = wheel_name_or_none(file.filename)
+        if name and name.project == PROJECT and name.version == version:
+            wheels.append((file, platform_tags(name)))
         elif file.filename == sdist_name:
             sdist = file
     release_files = [f.filename for f, _ in wheels] + ([sdist_name] if sdist else [])
@@ -65,7 +59,7 @@ def select_release(page: ProjectPage, version: str) -> Release:
             f"{PROJECT} {version}: {sdist_name} is not listed on {page.url} (files of {version}: {found})"
         )
     chosen = {}
-    for platform, machine in PLATFORMS.items():
+    for platform, machine in MACHINES.items():
         tag = re.compile(rf"manylinux(?:1|2010|2014|_\d+_\d+)_{machine}")
         matches = [f for f, tags in wheels if any(tag.fullmatch(t) for t in tags)]
         if len(matches) != 1:
@@ -131,19 +125,6 @@ def render_lock(version: str, commit: str, release: Release, sdist_sha256: str) 
         },
     }
     return json.dumps(lock, indent=2, sort_keys=True) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that no reader ever sees a half-written file."""
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    temp = Path(temp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-        temp.chmod(FILE_MODE)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 def read_old_lock(path: Path) -> dict[str, Any] | None:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkseal.core.platforms import MACHINES
+from sparkseal.core.wheels import platform_tags, wheel_name_or_none
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import FetchError, IndexFile, ProjectPage, list_files, normalize_name
 
@@ -25,7 +27,7 @@ ANY = "any"
 LINUX_X86_64 = "linux_x86_64"
 LINUX_AARCH64 = "linux_aarch64"
 # The glibc-based (manylinux) platform tag ending each lock platform accepts.
-_ARCH = {LINUX_X86_64: "x86_64", LINUX_AARCH64: "aarch64"}
+_ARCH = MACHINES
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,8 @@ class LockError(Exception):
 
 def wheel_parts(filename: str) -> tuple[str, str, tuple[str, ...]] | None:
     """Return (normalised name, version, platform tags) of a wheel filename, or None for other files."""
-    if not filename.endswith(".whl"):
-        return None
-    parts = filename[: -len(".whl")].split("-")
-    if len(parts) not in (5, 6):
-        return None
-    return normalize_name(parts[0]), parts[1], tuple(parts[-1].split("."))
+    name = wheel_name_or_none(filename)
+    return (name.project, name.version, platform_tags(name)) if name else None
 
 
 def platform_matches(tags: Iterable[str], platform: str) -> bool:

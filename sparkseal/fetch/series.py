@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sparkseal.build.patchset import PatchError, read_series
+from sparkseal.core.patchset import PatchError, read_series
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sparkseal.build.module_manifest import IMAGE_MANIFEST_PATH, ManifestError, listing_digest, load_manifest
+from sparkseal.core.manifest import IMAGE_MANIFEST_PATH, ManifestError, listing_digest, load_manifest
 from sparkseal.runtime.verify import (
     DEFAULT_MODULES,
     VerifyError,

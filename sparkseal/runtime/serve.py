@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkseal.build.module_manifest import load_manifest
+from sparkseal.core.manifest import load_manifest
 from sparkseal.runtime.verify import render, verify_module
 
 

@@ -8,7 +8,7 @@ directories that no RECORD names: a file dropped beside the module would be impo
 (``__pycache__``) count as such files: Python loads them instead of the source, so an image that is
 verified runs with ``PYTHONDONTWRITEBYTECODE=1`` (or a read-only venv) and ships none.
 
-Keys are the manifest's: paths relative to site-packages (see ``sparkseal.build.module_manifest``).
+Keys are the manifest's: paths relative to site-packages (see ``sparkseal.core.manifest``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
-from sparkseal.build.module_manifest import (
+from sparkseal.core.manifest import (
     UNOWNED,
     DistInfo,
     ManifestError,
@@ -29,7 +29,7 @@ from sparkseal.build.module_manifest import (
     read_dist_infos,
     sha256_file,
 )
-from sparkseal.build.tree import list_files
+from sparkseal.core.tree import list_files
 
 DEFAULT_MODULES = ("vllm", "torch", "sparkseal")
 

@@ -16,9 +16,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from sparkseal.build.patchset import PatchError, parse_patch
-from sparkseal.build.paths import UnsafePath, check_relative, resolve_inside
-from sparkseal.build.tree import copy_tree, normalised_mode
+from sparkseal.core.patchset import PatchError, parse_patch
+from sparkseal.core.paths import UnsafePath, check_relative, resolve_inside
+from sparkseal.core.tree import copy_tree, normalised_mode
 
 
 class OverlayError(Exception):

@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from sparkseal.determinism import ZIP_DATE_TIME, ZLIB_LEVEL
+from sparkseal.core.determinism import ZIP_DATE_TIME, ZLIB_LEVEL
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")

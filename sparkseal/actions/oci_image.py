@@ -12,7 +12,6 @@ decompress) under ``blobs/sha256/`` and a ``manifest.json`` naming them, with on
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import re
@@ -20,18 +19,18 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkseal.build.layer import CHUNK, LAYER_MEDIA_TYPE, TarWriter
-from sparkseal.build.platforms import OciPlatform, oci_platform
-from sparkseal.determinism import SOURCE_DATE_EPOCH
-
-MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
-CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
-INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
-REF_NAME = "org.opencontainers.image.ref.name"
-LAYOUT_VERSION = "1.0.0"
-
-# The OCI RFC 3339 form of SOURCE_DATE_EPOCH, for the config's and every history entry's ``created``.
-CREATED = datetime.datetime.fromtimestamp(SOURCE_DATE_EPOCH, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+from sparkseal.core.oci import (
+    CONFIG_MEDIA_TYPE,
+    CREATED,
+    INDEX_MEDIA_TYPE,
+    LAYER_MEDIA_TYPE,
+    LAYOUT_VERSION,
+    MANIFEST_MEDIA_TYPE,
+    REF_NAME,
+    canonical_json,
+)
+from sparkseal.core.platforms import OciPlatform, oci_platform
+from sparkseal.core.tar import CHUNK, TarWriter
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # A docker reference without digest: optional registry host (a first component with a dot or a port, or
@@ -44,15 +43,6 @@ _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 class OciError(Exception):
     """An input of the image is malformed or inconsistent; the message names it."""
-
-
-def canonical_json(value: object) -> bytes:
-    """Sorted keys, no whitespace, ASCII only, no trailing newline: one byte form per document.
-
-    A blob's digest is over its exact bytes, so another key order, an indent or a final newline would make
-    another image with the same content.
-    """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
 @dataclass(frozen=True)
@@ -71,7 +61,7 @@ class Layer:
 
 
 def load_layer(name: str, descriptor: Path, blob: Path) -> Layer:
-    """Read a descriptor written by ``sparkseal.build.layer`` and check its fields."""
+    """Read a descriptor written by ``sparkseal.actions.oci_layer`` and check its fields."""
     try:
         data = json.loads(descriptor.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -1,16 +1,17 @@
-"""Action: unpack the ``vllm/`` package of the locked sdist into a tree and check its commit id."""
+"""Unpacking the ``vllm/`` package of the locked sdist into a tree, with its commit id checked.
+
+Shared by the vllm_source_tree action and `sparkseal lock vllm` (which checks that the patches still apply).
+"""
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tarfile
 import zlib
 from pathlib import Path
 
-from sparkseal.build.commit import CommitMismatch, check_commit, commit_id_from_version_file
-from sparkseal.build.paths import UnsafePath, check_relative
-from sparkseal.build.tree import normalised_mode
+from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
+from sparkseal.core.paths import UnsafePath, check_relative
+from sparkseal.core.tree import normalised_mode
 
 PACKAGE = "vllm"
 VERSION_FILE = "vllm/_version.py"
@@ -70,22 +71,3 @@ def unpack(sdist: Path, out: Path, version: str, commit: str) -> int:
     except CommitMismatch as exc:
         raise SdistError(str(exc)) from exc
     return written
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sdist", type=Path, required=True)
-    parser.add_argument("--version", required=True)
-    parser.add_argument("--commit", required=True, help="locked commit (full or abbreviated)")
-    parser.add_argument("--out", type=Path, required=True, help="output tree (an empty directory)")
-    args = parser.parse_args(argv)
-    try:
-        unpack(args.sdist, args.out, args.version, args.commit)
-    except SdistError as exc:
-        print(f"sparkseal: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sparkseal.build.patchset import PatchError, apply_patch
-from sparkseal.build.tree import copy_tree
+from sparkseal.core.patchset import PatchError, apply_patch
+from sparkseal.core.tree import copy_tree
 
 
 def main(argv: list[str] | None = None) -> int:

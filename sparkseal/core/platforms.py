@@ -1,7 +1,9 @@
-"""The one mapping from sparkseal's platform names (wheel-tag style) to OCI platforms.
+"""The one table of sparkseal's platforms: wheel-tag style names and what each is called elsewhere.
 
-Everything in the build says ``linux_aarch64`` or ``linux_x86_64``, as wheel tags do; only OCI image
-configs and indexes need the Go-style triple, and they get it from here.
+Everything in the build says ``linux_aarch64`` or ``linux_x86_64``, as wheel tags do; OCI image configs and
+indexes need the Go-style triple, manylinux tags the machine name, Debian its architecture name, and all of
+them get it from here. ``rules/private/platforms.bzl`` repeats the names for Starlark (a test keeps the two
+equal).
 """
 
 from __future__ import annotations
@@ -43,3 +45,16 @@ def oci_platform(name: str) -> OciPlatform:
     except KeyError:
         known = ", ".join(sorted(PLATFORMS))
         raise ValueError(f"unknown platform {name!r}: expected one of {known}") from None
+
+
+# The machine part of a manylinux platform tag (``manylinux_2_28_aarch64``) and of ``uname -m``.
+MACHINES: dict[str, str] = {
+    "linux_aarch64": "aarch64",
+    "linux_x86_64": "x86_64",
+}
+
+# Debian's architecture names, used by the Debian locks and apt.
+DEBIAN_ARCHITECTURES: dict[str, str] = {
+    "linux_aarch64": "arm64",
+    "linux_x86_64": "amd64",
+}

@@ -19,11 +19,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkseal.build.commit import CommitMismatch, check_commit, commit_id_from_version_file
-from sparkseal.build.paths import UnsafePath, check_relative
-from sparkseal.build.tree import content_mode, list_files
-from sparkseal.build.zipwriter import RawMember, ZipWriter, deflate, read_raw
-from sparkseal.determinism import EXEC_MODE, FILE_MODE
+from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
+from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
+from sparkseal.core.paths import UnsafePath, check_relative
+from sparkseal.core.tree import content_mode, list_files
+from sparkseal.core.zipwriter import RawMember, ZipWriter, deflate, read_raw
 
 VERSION_FILE = "vllm/_version.py"
 BUILD_RECORD = "sparkseal.json"

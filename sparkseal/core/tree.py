@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from sparkseal.determinism import EXEC_MODE, FILE_MODE
+from sparkseal.core.determinism import DIR_MODE, EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
 
 # Bazel hands every input file to an action as mode 0555, so a tree's own bits say nothing: content
 # decides instead. ELF objects and scripts with a shebang are the files that are run.
@@ -51,3 +53,24 @@ def copy_tree(src: Path, dst: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
         os.chmod(target, normalised_mode(source.stat().st_mode))
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in [*dirnames, *sorted(filenames)]:
+            yield Path(dirpath) / name
+
+
+def normalize_tree(root: Path) -> None:
+    """Give every entry under ``root`` a fixed mode and mtime; fail on anything but files and directories."""
+    for path in _walk(root):
+        mode = path.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            path.chmod(DIR_MODE)
+        elif stat.S_ISREG(mode):
+            path.chmod(EXEC_MODE if mode & 0o111 else FILE_MODE)
+        else:
+            raise ValueError(f"{path}: expected a regular file or directory, found mode {oct(mode)}")
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+    os.utime(root, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))

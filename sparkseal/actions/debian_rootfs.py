@@ -7,7 +7,7 @@ neither symlinks nor empty directories reliably:
 
 - ``--out``: the tree of regular files (modes normalised to 0644/0755);
 - ``--links``: a links spec, the JSON object ``{"path": "target"}`` of every symlink (``bin`` -> ``usr/bin``
-  included), as the layer writer (``sparkseal.build.layer``) reads it;
+  included), as the layer writer (``sparkseal.actions.oci_layer``) reads it;
 - ``--dirs``: the JSON object ``{"path": {"mode": "0755", "uid": 0, "gid": 0}}`` of every directory, empty
   ones included. A directory is 1777 when its package gives it the sticky bit (/tmp, /var/tmp), else
   0755; owners are root except the runtime user's home.
@@ -34,10 +34,10 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from sparkseal.build.layer import STICKY_DIR_MODE
-from sparkseal.build.paths import UnsafePath, check_relative
-from sparkseal.build.tree import normalised_mode
-from sparkseal.determinism import DIR_MODE, FILE_MODE, GID, UID
+from sparkseal.core.determinism import DIR_MODE, FILE_MODE, GID, STICKY_DIR_MODE, UID
+from sparkseal.core.digests import sha256_file
+from sparkseal.core.paths import UnsafePath, check_relative
+from sparkseal.core.tree import normalised_mode
 
 # Top-level directories that are symlinks into /usr on a merged-/usr system (bookworm's default); a
 # link is made for each one whose /usr counterpart exists.
@@ -72,7 +72,6 @@ EXCLUDE_PROFILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 _AR_MAGIC = b"!<arch>\n"
 _AR_HEADER = 60
 _DECOMPRESS = {"": bytes, ".gz": gzip.decompress, ".xz": lzma.decompress, ".bz2": bz2.decompress}
-_CHUNK = 1 << 20
 
 
 class DebError(Exception):
@@ -384,14 +383,6 @@ def _configure(builder: RootfsBuilder) -> None:
             builder.add_file(f"var/lib/dpkg/info/{pkg.info_name}.md5sums", pkg.md5sums, "dpkg info")
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_against_lock(debs: list[Path], lock: Path) -> dict[str, dict[str, object]]:
     """Match every .deb to its lock entry by filename and sha256; return filename -> entry."""
     try:
@@ -409,7 +400,7 @@ def check_against_lock(debs: list[Path], lock: Path) -> dict[str, dict[str, obje
             f"missing {missing or 'none'}, unlocked {extra or 'none'}"
         )
     for name, deb in sorted(given.items()):
-        actual = _sha256_file(deb)
+        actual = sha256_file(deb)
         if actual != entries[name]["sha256"]:
             raise DebError(
                 f"{deb}: sha256 mismatch: expected {entries[name]['sha256']} ({lock}), actual {actual}"

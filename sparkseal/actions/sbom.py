@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkseal import __version__
-from sparkseal.build.oci import CREATED
-from sparkseal.build.provenance import (
+from sparkseal.core.locks import (
     NAMESPACE,
     PLATFORMS,
     Locked,
@@ -45,6 +44,7 @@ from sparkseal.build.provenance import (
     read_vllm_lock,
     read_wheel_lock,
 )
+from sparkseal.core.oci import CREATED
 
 SPDX_VERSION = "SPDX-2.3"
 DATA_LICENSE = "CC0-1.0"

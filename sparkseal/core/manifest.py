@@ -1,4 +1,4 @@
-"""Action and library: the module manifest of an installed tree or of a PEX.
+"""The module manifest format: the sha256 of every file of an installed tree or of a PEX, per distribution.
 
 A manifest lists the sha256 of every file, grouped by the distribution whose ``*.dist-info/RECORD`` names it
 (files no RECORD names go to the ``(unowned)`` bucket), with one digest per distribution and one for the
@@ -22,31 +22,27 @@ recompute them with coreutils alone, e.g. for an image tree:
 The JSON is written with ``indent=2`` and sorted keys: one file per line, so ``diff`` or diffoscope between
 two builds' manifests shows a changed file as one changed line (compact JSON would be one line for all).
 
-As an action: ``module_manifest --tree DIR --prefix /opt/venv --out manifest.json`` (``DIR`` holds the
-image's files, the virtual environment at ``DIR/opt/venv``), or ``module_manifest --pex APP.pex --out ...``.
+The action that writes it is ``sparkseal.actions.module_manifest``.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import hashlib
 import io
 import json
 import posixpath
-import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from functools import partial
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
-from sparkseal.build.install_wheels import normalize_name
-from sparkseal.build.tree import list_files
+from sparkseal.core.digests import listing_digest, sha256_file, sha256_stream
+from sparkseal.core.tree import list_files
+from sparkseal.core.wheels import normalize_name
 
 FORMAT = "sparkseal-module-manifest/1"
 # Where the image carries the manifest of its /opt/venv; `sparkseal verify-modules` reads it from there.
@@ -59,7 +55,6 @@ INSTALLER_WRITTEN = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.j
 # pex keeps the layout of a pre-installed wheel in this file at the root of the wheel's chroot.
 PEX_LAYOUT = ".layout.json"
 PEX_DEPS = ".deps"
-_CHUNK = 1 << 20
 
 
 class ManifestError(Exception):
@@ -113,26 +108,6 @@ def is_install_file(key: str) -> bool:
     if len(parts) == 2 and parts[0].endswith(".pex-info"):
         return True  # pex records each wheel's original RECORD beside the installed chroot
     return len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] in INSTALLER_WRITTEN
-
-
-def sha256_stream(stream: IO[bytes]) -> str:
-    """The hex sha256 of everything left in ``stream``."""
-    digest = hashlib.sha256()
-    while chunk := stream.read(_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """The hex sha256 of a file's content."""
-    with open(path, "rb") as stream:
-        return sha256_stream(stream)
-
-
-def listing_digest(files: Mapping[str, str]) -> str:
-    """The sha256 of ``<hex>  <path>\\n`` lines sorted by path (what ``sha256sum`` prints for those files)."""
-    listing = "".join(f"{files[path]}  {path}\n" for path in sorted(files))
-    return hashlib.sha256(listing.encode("utf-8")).hexdigest()
 
 
 def normalise_key(path: str, where: str) -> str:
@@ -408,38 +383,3 @@ def load_manifest(path: Path) -> dict[str, Any]:
             f"{path}: expected format {FORMAT!r} with a distributions object, found {found!r}"
         )
     return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Action entry point: write the manifest of ``--tree``/``--prefix`` or of ``--pex`` to ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--tree",
-        type=Path,
-        action="append",
-        help="directory of the image's files (venv at TREE/PREFIX); repeat for the trees of several layers",
-    )
-    source.add_argument("--pex", type=Path, help="a PEX file or a packed/loose PEX directory")
-    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"venv path in the image ({DEFAULT_PREFIX})")
-    parser.add_argument("--out", type=Path, required=True, help="manifest JSON to write")
-    args = parser.parse_args(argv)
-    if args.pex is not None and args.prefix != DEFAULT_PREFIX:
-        parser.error("--prefix applies to --tree only")
-    if not PurePosixPath(args.prefix).is_absolute():
-        parser.error(f"--prefix {args.prefix}: expected an absolute path such as {DEFAULT_PREFIX}")
-    try:
-        if args.tree:
-            with tempfile.TemporaryDirectory(prefix="module-manifest-") as scratch:
-                manifest = tree_manifest(merge_trees(args.tree, Path(scratch)), args.prefix)
-        else:
-            manifest = pex_manifest(args.pex)
-    except ManifestError as error:
-        print(f"module_manifest: {error}", file=sys.stderr)
-        return 1
-    args.out.write_text(dumps(manifest), encoding="ascii")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

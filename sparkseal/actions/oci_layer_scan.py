@@ -1,7 +1,7 @@
 """Action: the secret and private-data scan of one image layer, run by the image build.
 
 ``scan_layer --blob LAYER.tar.gz --layer LABEL --allow ALLOW.json --report OUT.json`` streams the layer
-tar through ``sparkseal.audit.scan`` (the rules of ``sparkseal scan``), drops the findings the allow-list
+tar through ``sparkseal.core.scan`` (the rules of ``sparkseal scan``), drops the findings the allow-list
 covers, and writes a small JSON report. Any finding left fails the action, and with it the image: the
 findings are printed (redacted, as ``sparkseal scan`` prints them) and no report is written, so Bazel caches
 nothing for a layer that leaks.
@@ -19,7 +19,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from sparkseal.audit.scan import ScanInputError, apply_allowlist, load_allowlist, scan_layer_stream
+from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_layer_stream
 
 
 def main(argv: list[str] | None = None) -> int:

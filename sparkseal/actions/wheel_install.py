@@ -20,26 +20,21 @@ import csv
 import io
 import json
 import os
-import re
-import stat
 import sys
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from sparkseal.determinism import DIR_MODE, EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
-
-PLATFORMS = ("linux_aarch64", "linux_x86_64", "any")
-# The target interpreter: Debian bookworm's python3 (3.11) and glibc 2.36. A wheel installs when one of its
-# tags is among supported_tags(platform); the order of that list is pip's preference (best first).
-PYTHON_VERSION = (3, 11)
-GLIBC = (2, 36)
-# The oldest glibc a manylinux tag names, per architecture (as pip's `packaging` counts them).
-_OLDEST_GLIBC_MINOR = {"x86_64": 5, "aarch64": 17}
-# PEP 600 aliases of the legacy manylinux tags.
-_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+from sparkseal.core.tree import normalize_tree
+from sparkseal.core.wheels import (
+    PLATFORMS,
+    PYTHON_VERSION,
+    WheelError,
+    check_wheels,
+    normalize_name,
+    parse_wheel_filename,
+)
 
 DEFAULT_PREFIX = "/opt/venv"
 # The interpreter links of the venv, relative to the prefix. They are not in the tree: an absolute link
@@ -55,91 +50,6 @@ INSTALLER_NAME = b"sparkseal\n"
 
 class InstallError(Exception):
     """A wheel is malformed, is for another platform, or collides with another wheel."""
-
-
-@dataclass(frozen=True)
-class WheelName:
-    """The parts of a wheel filename (PEP 427)."""
-
-    project: str
-    version: str
-    tags: tuple[str, ...]
-
-
-def normalize_name(name: str) -> str:
-    """The PEP 503 form of a project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def parse_wheel_filename(filename: str) -> WheelName:
-    """Split ``NAME-VERSION[-BUILD]-PY-ABI-PLATFORM.whl``; the compressed tag sets are expanded."""
-    parts = filename[: -len(".whl")].split("-") if filename.endswith(".whl") else []
-    if len(parts) not in (5, 6) or not all(parts):
-        raise InstallError(
-            f"{filename}: not a wheel filename (expected NAME-VERSION[-BUILD]-PY-ABI-PLATFORM.whl)"
-        )
-    pythons, abis, platforms = (p.split(".") for p in parts[-3:])
-    tags = tuple(f"{py}-{abi}-{plat}" for py in pythons for abi in abis for plat in platforms)
-    return WheelName(project=normalize_name(parts[0]), version=parts[1], tags=tags)
-
-
-def _platform_tags(platform: str) -> list[str]:
-    arch = platform.removeprefix("linux_")
-    tags = []
-    for minor in range(GLIBC[1], _OLDEST_GLIBC_MINOR[arch] - 1, -1):
-        tags.append(f"manylinux_2_{minor}_{arch}")
-        legacy = _LEGACY_MANYLINUX.get(minor)
-        if legacy and (legacy == "manylinux2014" or arch == "x86_64"):
-            tags.append(f"{legacy}_{arch}")
-    return [*tags, platform]
-
-
-def supported_tags(platform: str) -> tuple[str, ...]:
-    """The wheel tags CPython 3.11 accepts on ``platform``, best first, as pip orders them.
-
-    ``any`` accepts pure-Python wheels only (the tools that run on every build host).
-    """
-    if platform not in PLATFORMS:
-        raise InstallError(f"platform {platform!r}: expected one of {', '.join(PLATFORMS)}")
-    major, minor = PYTHON_VERSION
-    cp = f"cp{major}{minor}"
-    plats = [] if platform == "any" else _platform_tags(platform)
-    tags = [f"{cp}-{abi}-{p}" for abi in (cp, "abi3", "none") for p in plats]
-    tags += [f"cp{major}{m}-abi3-{p}" for m in range(minor - 1, 1, -1) for p in plats]
-    pys = [f"py{major}{minor}", f"py{major}", *(f"py{major}{m}" for m in range(minor - 1, -1, -1))]
-    tags += [f"{py}-none-{p}" for py in pys for p in plats]
-    tags += [f"{cp}-none-any", *(f"{py}-none-any" for py in pys)]
-    return tuple(tags)
-
-
-def tag_rank(filename: str, platform: str) -> int | None:
-    """The preference of a wheel on ``platform`` (0 is best), or None when it does not install there."""
-    ranks = {tag: i for i, tag in enumerate(supported_tags(platform))}
-    found = [ranks[tag] for tag in parse_wheel_filename(filename).tags if tag in ranks]
-    return min(found) if found else None
-
-
-def describe_target(platform: str) -> str:
-    """Words for the target of ``platform``, for error messages."""
-    python = f"CPython {PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}"
-    if platform == "any":
-        return f"{python}, pure Python (py3-none-any)"
-    return f"{python} on {platform}, manylinux glibc <= {GLIBC[0]}.{GLIBC[1]}"
-
-
-def check_wheels(wheels: Sequence[Path], platform: str) -> list[Path]:
-    """Fail unless every wheel installs on ``platform`` and no project comes twice; return them sorted."""
-    owners: dict[str, Path] = {}
-    for wheel in wheels:
-        name = parse_wheel_filename(wheel.name)
-        if tag_rank(wheel.name, platform) is None:
-            raise InstallError(
-                f"{wheel}: tags {', '.join(name.tags)} do not install on {describe_target(platform)}"
-            )
-        if name.project in owners:
-            raise InstallError(f"project {name.project} comes twice: {owners[name.project]} and {wheel}")
-        owners[name.project] = wheel
-    return sorted(wheels, key=lambda w: w.name)
 
 
 def python_dirs(prefix: str) -> dict[str, str]:
@@ -242,27 +152,6 @@ def _install_one(installer: Any, destination: Any, wheel: Path, prefix: str) -> 
         raise InstallError(f"{wheel}: not a valid wheel: {type(exc).__name__}: {exc}") from exc
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in [*dirnames, *sorted(filenames)]:
-            yield Path(dirpath) / name
-
-
-def normalize_tree(root: Path) -> None:
-    """Give every entry under ``root`` a fixed mode and mtime; fail on anything but files and directories."""
-    for path in _walk(root):
-        mode = path.lstat().st_mode
-        if stat.S_ISDIR(mode):
-            path.chmod(DIR_MODE)
-        elif stat.S_ISREG(mode):
-            path.chmod(EXEC_MODE if mode & 0o111 else FILE_MODE)
-        else:
-            raise InstallError(f"{path}: expected a regular file or directory, found mode {oct(mode)}")
-        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
-    os.utime(root, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
-
-
 def read_replaces(path: Path) -> dict[str, str]:
     """Read the replacement policy: ``{"replaces": {"winner": {"replaces": "loser", "reason": "..."}}}``."""
     try:
@@ -311,7 +200,10 @@ def install_wheels(
     """
     if not prefix.startswith("/") or prefix != os.path.normpath(prefix):
         raise InstallError(f"--prefix {prefix!r}: expected a normalised absolute path such as /opt/venv")
-    ordered = check_wheels(wheels, platform)
+    try:
+        ordered = check_wheels(wheels, platform)
+    except WheelError as error:
+        raise InstallError(str(error)) from error
     if out.exists() and any(out.iterdir()):
         raise InstallError(f"--out {out}: expected an empty directory, found {sorted(os.listdir(out))[:5]}")
     replaces = dict(replaces or {})
@@ -349,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         install_wheels(
             args.wheel, args.out, args.platform, args.installer, args.prefix, not args.no_pyvenv_cfg, replaces
         )
-    except InstallError as exc:
+    except (InstallError, WheelError, ValueError) as exc:
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
     return 0

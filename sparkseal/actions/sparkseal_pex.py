@@ -40,19 +40,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sparkseal.build.install_wheels import (
+from sparkseal.core.determinism import SOURCE_DATE_EPOCH
+from sparkseal.core.digests import tree_digest
+from sparkseal.core.platforms import PLATFORMS
+from sparkseal.core.tree import normalize_tree
+from sparkseal.core.wheels import (
     PYTHON_VERSION,
-    InstallError,
+    WheelError,
     check_wheels,
-    normalize_tree,
     parse_wheel_filename,
     supported_tags,
 )
-from sparkseal.build.module_manifest import listing_digest, sha256_file
-from sparkseal.build.tree import list_files
-from sparkseal.determinism import SOURCE_DATE_EPOCH
 
-PLATFORMS = ("linux_aarch64", "linux_x86_64")
 # Debian bookworm's interpreter: the python3.11 package 3.11.2-6+deb12u9 that third_party/debian locks.
 PYTHON_FULL_VERSION = "3.11.2"
 DEFAULT_SHEBANG = "/usr/bin/python3.11"
@@ -60,7 +59,7 @@ DEFAULT_SHEBANG = "/usr/bin/python3.11"
 PEX_LINK = "pex"
 # The only build property pex 2.105 records; another one would be a fact of the build host.
 ALLOWED_BUILD_PROPERTIES = frozenset({"pex_version"})
-GENERATOR = "python3 -m sparkseal.build.pex_build --print-complete-platform {platform}"
+GENERATOR = "python3 -m sparkseal.actions.sparkseal_pex --print-complete-platform {platform}"
 
 
 class PexBuildError(Exception):
@@ -216,11 +215,6 @@ def check_pex_info(out: Path, forbidden: Sequence[str]) -> dict[str, Any]:
     return info
 
 
-def tree_digest(root: Path) -> str:
-    """``sha256:<hex>`` of the ``<sha256>  <path>`` listing of every file under ``root``."""
-    return "sha256:" + listing_digest({rel: sha256_file(root / rel) for rel in list_files(root)})
-
-
 def build_pex(
     wheels: Sequence[Path],
     platform: str,
@@ -246,7 +240,7 @@ def build_pex(
             raise PexBuildError(f"--wheel {wheel}: expected a wheel file, found none")
     try:
         ordered = check_wheels(wheels, platform)
-    except InstallError as error:
+    except WheelError as error:
         raise PexBuildError(str(error)) from error
     check_complete_platform(complete_platform, platform)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

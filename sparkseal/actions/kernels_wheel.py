@@ -18,9 +18,9 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from sparkseal.determinism import EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
+from sparkseal.core.determinism import EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
+from sparkseal.core.platforms import PLATFORMS
 
-PLATFORMS = ("linux_aarch64", "linux_x86_64")
 TOOLCHAIN_FILES = {platform: f"kernels_sm121/cmake/{platform}.cmake" for platform in PLATFORMS}
 # The host compilers (Debian's g++ and g++-aarch64-linux-gnu) and the binutils they call live here.
 SYSTEM_PATH = ("/usr/bin", "/bin")

@@ -14,6 +14,9 @@ ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 FILE_MODE = 0o644
 EXEC_MODE = 0o755
 DIR_MODE = 0o755
+# The only non-0755 directory mode a layer may ask for: the sticky, world-writable mode the FHS gives
+# /tmp and /var/tmp, which programs creating temporary files rely on.
+STICKY_DIR_MODE = 0o1777
 
 # Owner of every archive member: root, with empty names, as OCI layers and wheels expect.
 UID = 0

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from sparkseal.build.paths import UnsafePath, check_relative, resolve_inside
+from sparkseal.core.paths import UnsafePath, check_relative, resolve_inside
 
 REQUIRED_HEADERS = ("Subject", "Upstream", "Reason")
 

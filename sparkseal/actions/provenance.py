@@ -1,0 +1,229 @@
+"""Action: the SLSA v1 provenance of one platform's build, as an in-toto Statement v1.
+
+The statement says what was built (``subject``), from what (``resolvedDependencies``) and by what
+(``builder``), with no clock time, host name or build path in it, so two builds of the same inputs write
+the same bytes:
+
+* ``subject``: the image (its OCI manifest digest), the PEX (its tree digest, as ``pex_build`` writes it),
+  the module manifest and the SBOM (the sha256 of each file). Each subject's ``name`` is its path below
+  ``bazel-bin`` and its ``annotations.kind`` says how ``sparkseal provenance check`` re-derives the digest.
+* ``buildDefinition.externalParameters``: the platform, the Bazel targets, the CUDA architecture override.
+* ``buildDefinition.resolvedDependencies``: the locked vLLM commit, sdist and upstream wheel, every patch of
+  the series (in series order), every locked wheel and Debian package of the platform, the kernel
+  toolchain's wheels and the build tools' wheels, each with its sha256. Each carries ``annotations.role``.
+* ``runDetails.builder``: :data:`BUILDER_ID`, with the Bazel release (declared by the workspace: a Debian
+  ``bazel-bootstrap`` reports none) and the interpreter that runs the actions (read here at run time).
+* ``runDetails.byproducts``: the wheels the build made (our vLLM wheel, the sparkseal wheel).
+
+Dates are left out (``runDetails.metadata`` is optional); ``internalParameters`` records
+SOURCE_DATE_EPOCH, the one date every artifact carries.
+
+The statement's types and the lock readers live in ``sparkseal.core.locks``, shared with the SBOM action
+and with ``sparkseal provenance check``.
+
+As an action::
+
+    provenance --platform linux_aarch64 --vllm-lock vllm.lock.json --patch NAME PATH ... \\
+        --python-lock requirements_linux_aarch64.files.json --tools-lock tools.files.json \\
+        --debian-lock bookworm_arm64.lock.json --cuda-lock toolchain.lock.json --built-wheel WHL ... \\
+        --subject oci-image NAME DIGEST_FILE --image-tag TAG --subject pex NAME DIGEST_FILE \\
+        --subject module-manifest NAME FILE --subject sbom NAME FILE \\
+        --target //:image_linux_aarch64 ... --bazel-version 4.2.3 --out provenance.intoto.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform as host_platform
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkseal.core.determinism import SOURCE_DATE_EPOCH
+from sparkseal.core.locks import (
+    BUILD_TYPE,
+    BUILDER_ID,
+    DIGEST_FILE_KINDS,
+    PLATFORMS,
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    SUBJECT_KINDS,
+    ProvenanceError,
+    built_wheel,
+    dumps,
+    file_sha256,
+    read_debian_lock,
+    read_digest_file,
+    read_toolchain_lock,
+    read_vllm_lock,
+    read_wheel_lock,
+)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """One artifact the statement is about; ``source`` is the digest file or the artifact itself."""
+
+    kind: str
+    name: str
+    source: Path
+    tag: str | None = None
+
+    def descriptor(self) -> dict[str, Any]:
+        """The subject's ResourceDescriptor, its digest read or computed from ``source``."""
+        digest = read_digest_file(self.source) if self.kind in DIGEST_FILE_KINDS else file_sha256(self.source)
+        annotations = {"kind": self.kind, **({"tag": self.tag} if self.tag else {})}
+        return {"name": self.name, "digest": {"sha256": digest}, "annotations": annotations}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything one statement is made from (the action's arguments, parsed)."""
+
+    platform: str
+    vllm_lock: Path
+    patches: tuple[tuple[str, Path], ...]
+    python_lock: Path
+    tools_lock: Path
+    debian_lock: Path
+    cuda_lock: Path
+    built_wheels: tuple[Path, ...]
+    subjects: tuple[Subject, ...]
+    targets: tuple[str, ...]
+    bazel_version: str
+    cuda_archs: str = ""
+
+
+def patch_descriptors(patches: Iterable[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """The descriptors of the series' patches, in series order (``annotations.series`` counts from 1)."""
+    return [
+        {
+            "name": name,
+            "digest": {"sha256": file_sha256(path)},
+            "annotations": {"role": "patch", "series": index},
+        }
+        for index, (name, path) in enumerate(patches, start=1)
+    ]
+
+
+def interpreter() -> str:
+    """The identity of the interpreter running the action, e.g. ``CPython 3.11.2``."""
+    return f"{host_platform.python_implementation()} {host_platform.python_version()}"
+
+
+def statement(inputs: Inputs) -> dict[str, Any]:
+    """The in-toto Statement v1 with the SLSA v1 provenance predicate of ``inputs``."""
+    if inputs.platform not in PLATFORMS:
+        raise ProvenanceError(
+            f"--platform: expected one of {', '.join(PLATFORMS)}, found {inputs.platform!r}"
+        )
+    kinds = sorted(subject.kind for subject in inputs.subjects)
+    if kinds != sorted(SUBJECT_KINDS):
+        raise ProvenanceError(
+            f"--subject: expected one of each kind {', '.join(sorted(SUBJECT_KINDS))}, "
+            f"found {', '.join(kinds) or 'none'}"
+        )
+    vllm = read_vllm_lock(inputs.vllm_lock, inputs.platform)
+    dependencies = [
+        vllm.source(),
+        vllm.sdist.descriptor(),
+        vllm.wheel.descriptor(),
+        *patch_descriptors(inputs.patches),
+        *(item.descriptor() for item in read_wheel_lock(inputs.python_lock, "wheel")),
+        *(item.descriptor() for item in read_debian_lock(inputs.debian_lock)),
+        *(item.descriptor() for item in read_toolchain_lock(inputs.cuda_lock)),
+        *(item.descriptor() for item in read_wheel_lock(inputs.tools_lock, "build-tool")),
+    ]
+    byproducts = sorted((built_wheel(path) for path in inputs.built_wheels), key=lambda item: item.filename)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": sorted(
+            (s.descriptor() for s in inputs.subjects), key=lambda d: (d["name"], d["digest"]["sha256"])
+        ),
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "cudaArchs": inputs.cuda_archs,
+                    "platform": inputs.platform,
+                    "targets": sorted(set(inputs.targets)),
+                },
+                "internalParameters": {"sourceDateEpoch": SOURCE_DATE_EPOCH},
+                "resolvedDependencies": dependencies,
+            },
+            "runDetails": {
+                "builder": {
+                    "id": BUILDER_ID,
+                    "version": {"bazel": inputs.bazel_version, "python": interpreter()},
+                },
+                "byproducts": [item.descriptor() for item in byproducts],
+            },
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Action entry point: write the provenance statement to ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
+    parser.add_argument("--platform", required=True, choices=PLATFORMS)
+    parser.add_argument("--vllm-lock", type=Path, required=True, help="third_party/vllm/vllm.lock.json")
+    parser.add_argument(
+        "--patch", nargs=2, action="append", default=[], metavar=("NAME", "PATH"), help="in series order"
+    )
+    parser.add_argument("--python-lock", type=Path, required=True, help="requirements_<platform>.files.json")
+    parser.add_argument("--tools-lock", type=Path, required=True, help="third_party/python/tools.files.json")
+    parser.add_argument("--debian-lock", type=Path, required=True, help="bookworm_<arch>.lock.json")
+    parser.add_argument("--cuda-lock", type=Path, required=True, help="third_party/cuda/toolchain.lock.json")
+    parser.add_argument(
+        "--built-wheel", type=Path, action="append", default=[], help="a wheel the build made"
+    )
+    parser.add_argument(
+        "--subject",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("KIND", "NAME", "PATH"),
+        help=f"KIND is one of {', '.join(SUBJECT_KINDS)}; PATH is the digest file for "
+        f"{' and '.join(DIGEST_FILE_KINDS)}, else the artifact",
+    )
+    parser.add_argument("--image-tag", default=None, help="REPOSITORY:TAG of the oci-image subject")
+    parser.add_argument("--target", action="append", default=[], help="a Bazel target the statement covers")
+    parser.add_argument("--bazel-version", required=True, help="the Bazel release the workspace declares")
+    parser.add_argument("--cuda-archs", default="", help="the CUDA architecture override ('' = per wheel)")
+    parser.add_argument("--out", type=Path, required=True, help="statement JSON to write")
+    args = parser.parse_args(argv)
+    subjects = []
+    for kind, name, source in args.subject:
+        if kind not in SUBJECT_KINDS:
+            parser.error(
+                f"--subject {kind} {name}: expected a kind in {', '.join(SUBJECT_KINDS)}, found {kind!r}"
+            )
+        subjects.append(Subject(kind, name, Path(source), args.image_tag if kind == "oci-image" else None))
+    inputs = Inputs(
+        platform=args.platform,
+        vllm_lock=args.vllm_lock,
+        patches=tuple((name, Path(path)) for name, path in args.patch),
+        python_lock=args.python_lock,
+        tools_lock=args.tools_lock,
+        debian_lock=args.debian_lock,
+        cuda_lock=args.cuda_lock,
+        built_wheels=tuple(args.built_wheel),
+        subjects=tuple(subjects),
+        targets=tuple(args.target),
+        bazel_version=args.bazel_version,
+        cuda_archs=args.cuda_archs,
+    )
+    try:
+        text = dumps(statement(inputs))
+    except ProvenanceError as error:
+        print(f"provenance: {error}", file=sys.stderr)
+        return 1
+    args.out.write_text(text, encoding="ascii")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Build-action programs: each module with a ``main`` is one Bazel action."""

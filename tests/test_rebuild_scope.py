@@ -1,0 +1,148 @@
+"""Editing an action program re-runs only the actions that use it (Bazel's execution log and action graph).
+
+A fixture workspace holds the real rules and action programs, the fixture vLLM chain (unpack, patch,
+overlay, repack), an image layer over the patched tree, and the kernels wheel rule wired to a stand-in
+CUDA toolchain (it is analysed, never run: its real build needs the locked CUDA wheels, see
+tests/test_kernels_build.py). After the layer writer is edited, the rebuild's execution log must hold
+the layer action and nothing else, and the kernels action must keep its key and inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.bazel_remote import read_execution_log
+from tests.bazel_util import BAZEL, REPO
+from tests.fixture_index import FixtureIndex
+from tests.test_bazel_fixture import Fixture, _artifacts, _workspace
+
+pytestmark = [
+    pytest.mark.bazel,
+    pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)"),
+]
+
+LAYER_WRITER = "sparkseal/actions/oci_layer.py"
+KERNELS = "//kernels_sm121:wheel_linux_x86_64"
+TARGETS = ("//third_party/vllm:wheel_linux_x86_64", "//scope:vllm_layer")
+
+# The labels of @sparkseal_cuda that the kernels_wheel rule reads, as files of a stand-in repository.
+STAND_IN_CUDA = {
+    "cuda": "cuda/bin/nvcc",
+    "cuda_root": "cuda/toolkit.json",
+    "cmake": "cmake/bin/cmake",
+    "cmake_files": "cmake/share/cmake.cmake",
+    "ninja": "ninja/bin/ninja",
+    "python": "python/scikit_build_core/__init__.py",
+    "python_root": "python/site.json",
+}
+
+
+def _stand_in_cuda(root: Path) -> None:
+    root.mkdir(parents=True)
+    (root / "WORKSPACE").write_text('workspace(name = "sparkseal_cuda")\n')
+    build = ['package(default_visibility = ["//visibility:public"])', ""]
+    for name, rel in STAND_IN_CUDA.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"stand-in for {name}\n")
+        build.append(f"filegroup(name = {name!r}, srcs = [{rel!r}])")
+    (root / "BUILD").write_text("\n".join(build) + "\n")
+
+
+@pytest.fixture(scope="module")
+def scope(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
+    tmp = tmp_path_factory.mktemp("rebuild-scope")
+    artifacts = _artifacts(tmp)
+    with FixtureIndex(artifacts) as index:
+        ws = _workspace(tmp / "ws", tmp / "repository-cache", index)
+        root = ws.root
+        shutil.copytree(REPO / "kernels_sm121", root / "kernels_sm121")
+        for name in ("README.md", "pyproject.toml"):
+            shutil.copyfile(REPO / name, root / name)
+        # The real top-level BUILD needs the locked Python closure; the kernels wheel needs only these.
+        (root / "BUILD").write_text('exports_files(["README.md", "pyproject.toml"])\n')
+        _stand_in_cuda(tmp / "cuda")
+        with (root / "WORKSPACE").open("a") as workspace:
+            workspace.write(f'\nlocal_repository(name = "sparkseal_cuda", path = "{tmp / "cuda"}")\n')
+        (root / "scope").mkdir()
+        (root / "scope" / "BUILD").write_text(
+            'load("//rules:defs.bzl", "oci_layer")\n\n'
+            'oci_layer(name = "vllm_layer", trees = {"//third_party/vllm:patched_tree": "/opt/vllm"})\n'
+        )
+        fixture = Fixture(ws, index, artifacts)
+        fixture.configure()
+        yield fixture
+        ws.shutdown()
+
+
+def _kernels_action(fixture: Fixture) -> tuple[str, list[str]]:
+    """The key and the input paths of the kernels wheel's action, from Bazel's action graph."""
+    result = fixture.ws.bazel("aquery", "--output=jsonproto", f"mnemonic(KernelsWheel, {KERNELS})")
+    assert result.returncode == 0, result.output
+    # Bazel's own messages share the output with the JSON document.
+    graph, _ = json.JSONDecoder().raw_decode(result.output, result.output.index("{"))
+    fragments = {f["id"]: f for f in graph["pathFragments"]}
+
+    def path(fragment_id: int) -> str:
+        parts = []
+        while fragment_id:
+            fragment = fragments[fragment_id]
+            parts.append(fragment["label"])
+            fragment_id = fragment.get("parentId", 0)
+        return "/".join(reversed(parts))
+
+    artifacts = {a["id"]: path(a["pathFragmentId"]) for a in graph["artifacts"]}
+    depsets = {d["id"]: d for d in graph["depSetOfFiles"]}
+
+    def files(depset_id: int) -> list[str]:
+        entry = depsets[depset_id]
+        found = [artifacts[i] for i in entry.get("directArtifactIds", [])]
+        for child in entry.get("transitiveDepSetIds", []):
+            found += files(child)
+        return found
+
+    (action,) = graph["actions"]
+    inputs = sorted({p for d in action["inputDepSetIds"] for p in files(d)})
+    return action["actionKey"], inputs
+
+
+def test_editing_the_layer_writer_reruns_the_layer_only(scope: Fixture, tmp_path: Path) -> None:
+    code, output = scope.build(*TARGETS)
+    assert code == 0, output
+    key_before, kernels_inputs = _kernels_action(scope)
+    python_inputs = sorted(p for p in kernels_inputs if p.startswith("sparkseal/"))
+    assert "sparkseal/runtime/_lib.py" in python_inputs, kernels_inputs
+    assert "sparkseal/core/manifest.py" in python_inputs, kernels_inputs
+    # Its own program is an input; no other action program, fetch helper or auditor is.
+    foreign = [p for p in python_inputs if p.split("/")[1] in {"actions", "fetch", "audit"}]
+    assert foreign == ["sparkseal/actions/kernels_wheel.py"], (
+        f"foreign inputs of the kernels wheel: {foreign}"
+    )
+    assert not [p for p in kernels_inputs if p.endswith(LAYER_WRITER)], kernels_inputs
+
+    writer = scope.ws.root / LAYER_WRITER
+    writer.write_text(writer.read_text() + "\n# an edit that changes no output\n")
+    log = tmp_path / "exec.json"
+    code, output = scope.build(f"--execution_log_json_file={log}", *TARGETS)
+    assert code == 0, output
+    ran = sorted(str(spawn.get("mnemonic")) for spawn in read_execution_log(log))
+    assert ran == ["OciLayer"], f"after editing {LAYER_WRITER}, expected only the layer to run, ran {ran}"
+    assert _kernels_action(scope) == (key_before, kernels_inputs)
+
+
+def test_the_log_sees_a_patch_action_rerun(scope: Fixture, tmp_path: Path) -> None:
+    """The same check notices when an edit does reach the patch chain (so it can fail)."""
+    code, output = scope.build(*TARGETS)
+    assert code == 0, output
+    reader = scope.ws.root / "sparkseal/core/patchset.py"
+    reader.write_text(reader.read_text() + "\n# an edit to the patch reader\n")
+    log = tmp_path / "exec.json"
+    code, output = scope.build(f"--execution_log_json_file={log}", *TARGETS)
+    assert code == 0, output
+    ran = {str(spawn.get("mnemonic")) for spawn in read_execution_log(log)}
+    assert {"VllmPatch", "VllmOverlay"} <= ran, ran
+    assert "VllmUnpack" not in ran, ran
