@@ -155,6 +155,8 @@ def test_good_build_then_second_clone_is_identical_and_offline(
     targets = [f"//third_party/vllm:wheel_{p}" for p in WHEELS]
     code, output = fixture.build(*targets)
     assert code == 0, output
+    # Every locked file missed the empty repository cache; a miss is no failure and prints nothing.
+    assert "WARNING: Download from" not in output, output
     digests = {p: _sha(_wheel_path(fixture.ws, p).read_bytes()) for p in WHEELS}
     with zipfile.ZipFile(_wheel_path(fixture.ws, "linux_x86_64")) as wheel:
         assert wheel.read(SPECULATOR) == b"def mapping():\n    return -1\n"
@@ -291,3 +293,26 @@ def test_sdist_of_another_commit_is_refused(fixture: Fixture) -> None:
     code, output = fixture.build("//third_party/vllm:pristine_tree")
     assert code != 0
     assert f"commit id is '{COMMIT[:9]}', but the lock expects commit '{other}'" in output
+
+
+@pytest.mark.parametrize("helper", ["sparkseal/fetch/series.py", "sparkseal/core/patchset.py"])
+def test_editing_a_series_helper_reruns_the_series_rule(fixture: Fixture, helper: str) -> None:
+    """@vllm_patches runs sparkseal.fetch.series (which reads the series with core.patchset): editing
+    either source re-runs the repository rule, so no build uses an old helper's result."""
+    fixture.configure()
+    code, output = fixture.build("//third_party/vllm:patched_tree")
+    assert code == 0, output
+    source = fixture.ws.root / helper
+    original = source.read_text()
+    try:
+        future = "from __future__ import annotations\n"
+        assert future in original, f"{helper}: expected {future!r}"
+        source.write_text(original.replace(future, future + 'raise SystemExit("the edited helper ran")\n', 1))
+        code, output = fixture.build("//third_party/vllm:patched_tree")
+        assert code != 0, output
+        assert "the edited helper ran" in output
+        assert "@vllm_patches" in output
+    finally:
+        source.write_text(original)
+    code, output = fixture.build("//third_party/vllm:patched_tree")
+    assert code == 0, output

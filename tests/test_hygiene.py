@@ -269,3 +269,45 @@ def test_platform_names_are_written_in_one_place() -> None:
         and pattern.search(p.read_text())
     ]
     assert offenders == []
+
+
+def _module_file(name: str) -> Path | None:
+    for path in (REPO / (name.replace(".", "/") + ".py"), REPO / name.replace(".", "/") / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _sources_of(module: str) -> list[str]:
+    """The files Python reads to run ``python3 -m module``: the module, what it imports, their packages."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        for _, imported in _our_imports(path.read_text()):
+            todo.append(imported if _module_file(imported) else imported.rpartition(".")[0])
+    return sorted(str(_module_file(n).relative_to(REPO)) for n in seen)  # type: ignore[union-attr]
+
+
+def test_repository_rule_helpers_declare_every_source_they_run() -> None:
+    text = (REPO / "rules/private/helpers.bzl").read_text()
+    table = re.search(r"^HELPER_SOURCES = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
+    assert table, "rules/private/helpers.bzl: expected a HELPER_SOURCES = {...} table, found none"
+    declared = ast.literal_eval(table.group(1))
+    used = set(re.findall(r'run_python_helper\(\s*rctx,\s*"([\w.]+)"', _all_bzl()))
+    assert used and used <= set(declared), f"helpers run but not declared: {sorted(used - set(declared))}"
+    for module, sources in declared.items():
+        assert sources == _sources_of(module), (
+            f"rules/private/helpers.bzl: HELPER_SOURCES[{module!r}]: expected {_sources_of(module)}, "
+            f"found {sources}"
+        )
+
+
+def _all_bzl() -> str:
+    return "\n".join(p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl")))

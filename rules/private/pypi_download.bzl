@@ -5,16 +5,9 @@ pip is configured with); Bazel's downloader fetches and verifies it, so users ge
 repository cache, ``--distdir`` and mirror rewriting, and a wrong hash never lands in the cache.
 """
 
-# A URL that can never be fetched. Asking Bazel for it together with the locked sha256 returns the file
-# from the repository cache when the cache holds it, and fails fast otherwise: so a fully cached build
-# needs no network at all and skips the index lookup.
-_CACHE_PROBE_URL = "file:///nonexistent/sparkseal-repository-cache-probe/"
+load(":helpers.bzl", "HELPER_SOURCES")
 
 INDEX_ENVIRON = ["PIP_INDEX_URL", "PIP_CONFIG_FILE"]
-
-def workspace_root(rctx):
-    """The directory of the main workspace, which holds the `sparkseal` Python package."""
-    return rctx.path(Label("@//:WORKSPACE")).dirname
 
 def host_python(rctx):
     """The host Python 3 that runs repository-rule helpers."""
@@ -24,10 +17,21 @@ def host_python(rctx):
     return python
 
 def run_python_helper(rctx, module, args):
-    """Run `python3 -m <module> <args>` from the workspace's `sparkseal` package; return the result."""
+    """Run `python3 -m <module> <args>` with only the module's declared sources; return the result.
+
+    Each source (HELPER_SOURCES) is read through its label, so Bazel re-runs the calling repository rule
+    when one changes; the helper sees no other file of the checkout.
+    """
+    if module not in HELPER_SOURCES:
+        fail("sparkseal: %s is not a declared repository-rule helper (rules/private/helpers.bzl)" % module)
+    root = "_helpers/" + module
+    for source in HELPER_SOURCES[module]:
+        package, _, name = source.rpartition("/")
+        if not rctx.path("%s/%s" % (root, source)).exists:
+            rctx.symlink(rctx.path(Label("@//%s:%s" % (package, name))), "%s/%s" % (root, source))
     return rctx.execute(
         [host_python(rctx), "-m", module] + args,
-        environment = {"PYTHONPATH": str(workspace_root(rctx))},
+        environment = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(rctx.path(root))},
         quiet = True,
     )
 
@@ -39,9 +43,16 @@ def _resolve_url(rctx, filename, sha256):
     return result.stdout.strip()
 
 def from_repository_cache(rctx, filename, sha256, output, urls = []):
-    """Try `urls`, then the repository cache alone; return whether `output` now holds the locked file."""
-    tried = list(urls) + [_CACHE_PROBE_URL + sha256 + "/" + filename]
-    return rctx.download(tried, output, sha256 = sha256, allow_fail = True).success
+    """Try the repository cache alone, then `urls`; return whether `output` now holds the locked file.
+
+    A download with no URL is answered from Bazel's repository cache or fails without trying anything:
+    a fully cached build needs no network and skips the index lookup, and a cache miss prints nothing
+    (a URL that cannot be fetched would print a `Download ... failed` warning per file). Failures of real
+    URLs stay loud.
+    """
+    if rctx.download([], output, sha256 = sha256, allow_fail = True).success:
+        return True
+    return len(urls) > 0 and rctx.download(urls, output, sha256 = sha256, allow_fail = True).success
 
 def download_locked_file(rctx, filename, sha256, output, urls = []):
     """Fetch `filename` with the locked `sha256` into `output` (a path relative to the repository).
