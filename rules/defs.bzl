@@ -2,12 +2,13 @@
 
 load("//rules/private:cuda_toolkit.bzl", _cuda_toolkit = "cuda_toolkit")
 load("//rules/private:debian.bzl", _DebianRootfsInfo = "DebianRootfsInfo", _debian_packages = "debian_packages", _debian_rootfs = "debian_rootfs")
+load("//rules/private:image.bzl", _sparkseal_image = "sparkseal_image")
 load("//rules/private:kernels_wheel.bzl", _cuda_archs_setting = "cuda_archs_setting", _kernels_wheel = "kernels_wheel")
 load("//rules/private:module_manifest.bzl", _module_manifest = "module_manifest")
 load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci_load")
 load("//rules/private:oci_layer.bzl", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
-load("//rules/private:pex.bzl", _sparkseal_pex = "sparkseal_pex")
+load("//rules/private:pex.bzl", _SparksealPexInfo = "SparksealPexInfo", _sparkseal_pex = "sparkseal_pex")
 load("//rules/private:platforms.bzl", _DEBIAN_ARCHITECTURES = "DEBIAN_ARCHITECTURES", _PLATFORMS = "PLATFORMS")
 load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
@@ -20,6 +21,7 @@ load("//rules/private:wheel_install.bzl", _wheel_install = "wheel_install")
 DEBIAN_ARCHITECTURES = _DEBIAN_ARCHITECTURES
 DebianRootfsInfo = _DebianRootfsInfo
 PLATFORMS = _PLATFORMS
+SparksealPexInfo = _SparksealPexInfo
 cuda_archs_setting = _cuda_archs_setting
 cuda_toolkit = _cuda_toolkit
 debian_packages = _debian_packages
@@ -34,6 +36,7 @@ provenance = _provenance
 pypi_file = _pypi_file
 python_lock = _python_lock
 sbom = _sbom
+sparkseal_image = _sparkseal_image
 sparkseal_pex = _sparkseal_pex
 vllm_lock = _vllm_lock
 vllm_patched_tree = _vllm_patched_tree

@@ -119,7 +119,12 @@ def test_every_starlark_file_loads(tmp_path: Path) -> None:
         env=base_env(),
     )
     try:
-        result = workspace.bazel("query", " + ".join(["//:all", *[f"//{p}/..." for p in packages]]))
+        # An empty glob is an error from Bazel 8 on: fail on one here already.
+        result = workspace.bazel(
+            "query",
+            "--incompatible_disallow_empty_glob",
+            " + ".join(["//:all", *[f"//{p}/..." for p in packages]]),
+        )
     finally:
         workspace.shutdown()
     assert result.returncode == 0, result.output
@@ -311,3 +316,30 @@ def test_repository_rule_helpers_declare_every_source_they_run() -> None:
 
 def _all_bzl() -> str:
     return "\n".join(p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl")))
+
+
+def test_no_label_is_printed_into_action_arguments() -> None:
+    """str(label) changed form in Bazel 7 (`@@//pkg:name`); what reaches outputs uses label_string()."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted((REPO / "rules").rglob("*.bzl"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"args\.add", line) and re.search(r"\bstr\(", line)
+    ]
+    assert offenders == []
+
+
+def test_every_build_file_loads_python_rules_from_one_place() -> None:
+    """Bazel 8 drops the native py_* rules: every BUILD file takes them from rules/py.bzl."""
+    offenders = []
+    for build in sorted(REPO.rglob("BUILD")):
+        rel = build.relative_to(REPO)
+        if rel.parts[0].startswith("bazel-") or rel.parts[:2] == ("third_party", "bazel"):
+            continue
+        text = build.read_text()
+        used = set(re.findall(r"^\s*(py_library|py_binary|py_test)\(", text, re.MULTILINE))
+        loaded = set(re.findall(r'load\("//rules:py\.bzl",([^)]*)\)', text))
+        names = set(re.findall(r'"(py_\w+)"', " ".join(loaded)))
+        if used - names:
+            offenders.append(f"{rel}: uses {sorted(used - names)} without loading them from //rules:py.bzl")
+    assert offenders == []

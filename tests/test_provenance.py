@@ -485,8 +485,10 @@ register_toolchains("//third_party/bazel/python:python3_toolchain")
 """
 
 # A stand-in for sparkseal_pex: a packed-layout-like tree and its digest, computed with coreutils as
-# sparkseal/build/module_manifest.py says an auditor can.
+# sparkseal/core/manifest.py says an auditor can.
 FAKE_PEX_BZL = r'''
+load("//rules:defs.bzl", "SparksealPexInfo")
+
 def _fake_pex_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name + ".pex")
     digest = ctx.actions.declare_file(ctx.label.name + ".pex.digest")
@@ -501,7 +503,7 @@ sum=$(cd {out} && find . -type f -printf '%P\\0' | LC_ALL=C sort -z | xargs -0 s
 echo "sha256:${{sum%% *}}" > {digest}
 """.format(out = out.path, digest = digest.path),
     )
-    return [DefaultInfo(files = depset([out, digest]))]
+    return [DefaultInfo(files = depset([out, digest])), SparksealPexInfo(pex = out, digest = digest)]
 
 fake_pex = rule(implementation = _fake_pex_impl)
 '''

@@ -1,6 +1,7 @@
 """`oci_layer`: one deterministic image layer (tar, gzip blob, descriptor) from trees, files and links."""
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
+load(":debian.bzl", "DebianRootfsInfo")
 
 OciLayerInfo = provider(
     doc = "One image layer written by oci_layer.",
@@ -39,6 +40,10 @@ def _oci_layer_impl(ctx):
             else:
                 args.add_all(["--file", f.path, _image_join(dest, _package_relative(f, target.label))])
             inputs.append(f)
+    rootfs = ctx.attr.rootfs[DebianRootfsInfo] if ctx.attr.rootfs else None
+    if rootfs:
+        args.add_all(["--tree", rootfs.tree.path, "/"], expand_directories = False)
+        inputs.append(rootfs.tree)
     for target, dest in ctx.attr.files.items():
         files = target.files.to_list()
         if len(files) != 1 or files[0].is_directory:
@@ -49,10 +54,16 @@ def _oci_layer_impl(ctx):
         for f in target.files.to_list():
             args.add_all(["--links", f.path, dest])
             inputs.append(f)
+    if rootfs:
+        args.add_all(["--links", rootfs.links, "/"])
+        inputs.append(rootfs.links)
     for target, dest in ctx.attr.dirs.items():
         for f in target.files.to_list():
             args.add_all(["--dirs", f.path, dest])
             inputs.append(f)
+    if rootfs:
+        args.add_all(["--dirs", rootfs.dirs, "/"])
+        inputs.append(rootfs.dirs)
     for dest, target in ctx.attr.symlinks.items():
         args.add_all(["--symlink", dest, target])
     for dest in ctx.attr.directories:
@@ -111,6 +122,10 @@ and owner) or `directories`.""",
         "trees": attr.label_keyed_string_dict(
             allow_files = True,
             doc = "Tree artifact (or files, kept at their path below the label's package) -> image prefix.",
+        ),
+        "rootfs": attr.label(
+            providers = [DebianRootfsInfo],
+            doc = "A debian_rootfs written at `/`: its tree, links and directories (modes and owners).",
         ),
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "One file -> image path."),
         "links": attr.label_keyed_string_dict(

@@ -20,6 +20,14 @@ form a closure for the platform's complete platform (`//third_party/python/compl
 load(":common.bzl", "ACTION_ENV", "tool")
 load(":platforms.bzl", "PLATFORMS")
 
+SparksealPexInfo = provider(
+    doc = "A PEX written by sparkseal_pex.",
+    fields = {
+        "pex": "File: the packed PEX directory `<name>.pex/`",
+        "digest": "File: its tree digest (sha256:...), as `sparkseal provenance check` re-derives it",
+    },
+)
+
 def _sparkseal_pex_impl(ctx):
     if bool(ctx.attr.script) == bool(ctx.attr.entry_point):
         fail("sparkseal_pex %s: set exactly one of script and entry_point" % ctx.label)
@@ -54,7 +62,10 @@ def _sparkseal_pex_impl(ctx):
         progress_message = "Packing %d wheels for %s into %s" % (len(ctx.files.wheels), ctx.attr.platform, out.short_path),
         execution_requirements = {"block-network": "1"},
     )
-    return [DefaultInfo(files = depset([out, digest]))]
+    return [
+        DefaultInfo(files = depset([out, digest])),
+        SparksealPexInfo(pex = out, digest = digest),
+    ]
 
 sparkseal_pex = rule(
     implementation = _sparkseal_pex_impl,

@@ -7,18 +7,8 @@ See sparkseal/actions/provenance.py and sparkseal/actions/sbom.py for what each 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":kernels_wheel.bzl", "CudaArchsInfo")
 load(":oci_image.bzl", "OciImageInfo")
+load(":pex.bzl", "SparksealPexInfo")
 load(":platforms.bzl", "PLATFORMS")
-
-def _one(target, suffix, is_directory):
-    found = [f for f in target.files.to_list() if f.basename.endswith(suffix) and f.is_directory == is_directory]
-    if len(found) != 1:
-        fail("sparkseal: %s: expected one %s ending in %s, found %d" % (
-            target.label,
-            "directory" if is_directory else "file",
-            suffix,
-            len(found),
-        ))
-    return found[0]
 
 def _patch_args(args, patches):
     for patch in patches:
@@ -27,8 +17,8 @@ def _patch_args(args, patches):
 def _provenance_impl(ctx):
     out = ctx.actions.declare_file(ctx.label.name + ".intoto.json")
     image = ctx.attr.image[OciImageInfo]
-    pex_dir = _one(ctx.attr.pex, ".pex", True)
-    pex_digest = _one(ctx.attr.pex, ".pex.digest", False)
+    pex = ctx.attr.pex[SparksealPexInfo]
+    pex_dir, pex_digest = pex.pex, pex.digest
     args = ctx.actions.args()
     args.use_param_file("@%s", use_always = True)
     args.set_param_file_format("multiline")
@@ -85,7 +75,7 @@ provenance = rule(
     attrs = {
         "platform": attr.string(mandatory = True, values = PLATFORMS),
         "image": attr.label(mandatory = True, providers = [OciImageInfo], doc = "oci_image target."),
-        "pex": attr.label(mandatory = True, doc = "sparkseal_pex target (`<name>.pex/` and `<name>.pex.digest`)."),
+        "pex": attr.label(mandatory = True, providers = [SparksealPexInfo], doc = "sparkseal_pex target."),
         "manifest": attr.label(mandatory = True, allow_single_file = [".json"], doc = "module_manifest target."),
         "sbom": attr.label(mandatory = True, allow_single_file = [".json"], doc = "sbom target."),
         "vllm_lock": _LOCK,

@@ -27,8 +27,7 @@ target needs it. `@<name>//:requirements.bzl` exports, for BUILD files:
 - `PLATFORMS`: the platforms of the locks;
 - `PINS`: platform -> project -> `{"version", "filename", "label"}`;
 - `WHEELS`: platform -> labels of every locked wheel, sorted by project;
-- `LAYERS`: layer name -> what it holds (`torch`: torch, its companions and NVIDIA's CUDA wheels, which
-  are large and change together; `deps`: the rest);
+- `LAYERS`: wheel layer name -> what it holds (`WHEEL_LAYERS` of rules/private/image.bzl);
 - `WHEELS_BY_LAYER`: platform -> layer -> labels;
 - `layer_of(project)` and `wheel(platform, project)`.
 
@@ -37,23 +36,9 @@ sidecar's version and one of its `--hash` values is the sidecar's sha256, and th
 project that the lock does not pin.
 """
 
-TORCH_LAYER = "torch"
-DEPS_LAYER = "deps"
-
-# Projects released together with torch; with NVIDIA's CUDA wheels they make the large, rarely changing layer.
-_TORCH_LAYER_PROJECTS = ["torch", "torchaudio", "torchvision", "triton"]
-_TORCH_LAYER_PREFIXES = ["nvidia-", "cuda-"]
+load(":image.bzl", "WHEEL_LAYERS", "layer_of")
 
 _HEX = "0123456789abcdef"
-
-def layer_of(project):
-    """The layer of a normalised project name: `torch` or `deps`."""
-    if project in _TORCH_LAYER_PROJECTS:
-        return TORCH_LAYER
-    for prefix in _TORCH_LAYER_PREFIXES:
-        if project.startswith(prefix):
-            return TORCH_LAYER
-    return DEPS_LAYER
 
 def _normalize(name):
     out = name.lower()
@@ -183,14 +168,14 @@ def _python_lock_impl(rctx):
     by_layer = {
         p: {
             layer: [pins[p][project]["label"] for project in sorted(pins[p]) if layer_of(project) == layer]
-            for layer in [TORCH_LAYER, DEPS_LAYER]
+            for layer in WHEEL_LAYERS
         }
         for p in platforms
     }
     rctx.file("requirements.bzl", "\n".join([
         header,
         "",
-        'load("@//rules/private:python_lock.bzl", _layer_of = "layer_of")',
+        'load("@//rules/private:image.bzl", _layer_of = "layer_of")',
         "",
         "layer_of = _layer_of",
         "",
@@ -200,10 +185,7 @@ def _python_lock_impl(rctx):
         "",
         "WHEELS = %s" % json.encode_indent(wheels, indent = "    "),
         "",
-        "LAYERS = %r" % {
-            TORCH_LAYER: "torch, torchaudio, torchvision, triton and NVIDIA's CUDA wheels (nvidia-*, cuda-*)",
-            DEPS_LAYER: "every other locked wheel",
-        },
+        "LAYERS = %r" % WHEEL_LAYERS,
         "",
         "WHEELS_BY_LAYER = %s" % json.encode_indent(by_layer, indent = "    "),
         "",

@@ -1,0 +1,140 @@
+"""The image's composition, in one place: which layers, in which order, holding what (`sparkseal_image`).
+
+Layers are ordered by how often they change, bottom first, so that a change rebuilds the layers above it
+only: the Debian base (locked .debs), torch and NVIDIA's CUDA wheels (large, released together), every
+other locked wheel, our vLLM wheel, the sparkseal wheel, and the app layer with the module manifest and the
+SBOM. `layer_of` splits the locked wheels between the two wheel layers; the python_lock hub's
+`WHEELS_BY_LAYER` is computed with it.
+"""
+
+load(":module_manifest.bzl", "module_manifest")
+load(":oci_image.bzl", "oci_image")
+load(":oci_layer.bzl", "oci_layer")
+load(":provenance.bzl", "sbom")
+load(":wheel_install.bzl", "wheel_install")
+
+TORCH_LAYER = "torch"
+DEPS_LAYER = "deps"
+
+# What each wheel layer holds (for the generated requirements.bzl and the docs).
+WHEEL_LAYERS = {
+    TORCH_LAYER: "torch, torchaudio, torchvision, triton and NVIDIA's CUDA wheels (nvidia-*, cuda-*)",
+    DEPS_LAYER: "every other locked wheel",
+}
+
+# Projects released together with torch; with NVIDIA's CUDA wheels they make the large, rarely changing layer.
+_TORCH_LAYER_PROJECTS = ["torch", "torchaudio", "torchvision", "triton"]
+_TORCH_LAYER_PREFIXES = ["nvidia-", "cuda-"]
+
+VENV = "/opt/venv"
+
+# Debian's interpreter is the venv's python: the venv carries links to it, not a copy.
+PYTHON_LINKS = {
+    VENV + "/bin/python": "/usr/bin/python3.11",
+    VENV + "/bin/python3": "/usr/bin/python3.11",
+    VENV + "/bin/python3.11": "/usr/bin/python3.11",
+}
+
+def layer_of(project):
+    """The wheel layer of a normalised project name: `torch` or `deps`."""
+    if project in _TORCH_LAYER_PROJECTS:
+        return TORCH_LAYER
+    for prefix in _TORCH_LAYER_PREFIXES:
+        if project.startswith(prefix):
+            return TORCH_LAYER
+    return DEPS_LAYER
+
+def _venv_layers(platform, wheels_by_layer):
+    """(layer, wheels) of the installed layers, bottom first."""
+    return [
+        (TORCH_LAYER, wheels_by_layer[platform][TORCH_LAYER]),
+        (DEPS_LAYER, wheels_by_layer[platform][DEPS_LAYER]),
+        ("vllm", ["//third_party/vllm:wheel_" + platform]),
+        ("sparkseal", ["//kernels_sm121:wheel_" + platform]),
+    ]
+
+def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_allow, visibility = None):
+    """Every target of one platform's image: `image_<platform>` and what it is made of.
+
+    Targets: `venv_<layer>_<platform>` (installed trees), `manifest_<platform>` (module manifest),
+    `sbom_<platform>`, `layer_<layer>_<platform>` for base, torch, deps, vllm, sparkseal and app, and
+    `image_<platform>` with `image_<platform>.load`.
+    """
+    venv_layers = _venv_layers(platform, wheels_by_layer)
+    for layer, wheels in venv_layers:
+        wheel_install(
+            name = "venv_%s_%s" % (layer, platform),
+            platform = platform,
+            pyvenv_cfg = layer == TORCH_LAYER,
+            replaces = "//third_party/python:replaces.json",
+            wheels = wheels,
+            visibility = visibility,
+        )
+    module_manifest(
+        name = "manifest_" + platform,
+        prefix = VENV,
+        trees = [":venv_%s_%s" % (layer, platform) for layer, _ in venv_layers],
+        visibility = visibility,
+    )
+
+    # The SBOM: every Debian package and wheel the image installs, and what our vLLM wheel is made of.
+    sbom(
+        name = "sbom_" + platform,
+        debian_lock = debian_lock,
+        document_name = "sparkseal-vllm-%s-%s" % (vllm.version, platform),
+        patches = patches,
+        platform = platform,
+        python_lock = "//third_party/python:requirements_%s.files.json" % platform,
+        vllm_lock = "//third_party/vllm:vllm.lock.json",
+        vllm_wheel = "//third_party/vllm:wheel_" + platform,
+        wheels = ["//kernels_sm121:wheel_" + platform],
+        visibility = visibility,
+    )
+
+    oci_layer(
+        name = "layer_base_" + platform,
+        rootfs = "//third_party/debian:rootfs_" + platform,
+        scan_allow = scan_allow,
+        visibility = visibility,
+    )
+    for layer, _ in venv_layers:
+        oci_layer(
+            name = "layer_%s_%s" % (layer, platform),
+            scan_allow = scan_allow,
+            symlinks = PYTHON_LINKS if layer == TORCH_LAYER else {},
+            trees = {":venv_%s_%s" % (layer, platform): "/"},
+            visibility = visibility,
+        )
+    oci_layer(
+        name = "layer_app_" + platform,
+        scan_allow = scan_allow,
+        files = {
+            ":manifest_" + platform: "/opt/sparkseal/manifest.json",
+            ":sbom_" + platform: "/opt/sparkseal/sbom.spdx.json",
+        },
+        visibility = visibility,
+    )
+
+    oci_image(
+        name = "image_" + platform,
+        entrypoint = [VENV + "/bin/sparkseal", "serve"],
+        env = {
+            "LANG": "C.UTF-8",
+            "PATH": VENV + "/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            # The module check treats bytecode written at run time as foreign files.
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "VIRTUAL_ENV": VENV,
+        },
+        labels = {
+            "org.opencontainers.image.title": "sparkseal vLLM",
+            "org.opencontainers.image.version": vllm.version,
+            "org.opencontainers.image.revision": vllm.commit,
+        },
+        layers = [
+            ":layer_%s_%s" % (layer, platform)
+            for layer in ["base"] + [layer for layer, _ in venv_layers] + ["app"]
+        ],
+        platform = platform,
+        tag = "sparkseal/vllm:%s-%s" % (vllm.version, platform),
+        visibility = visibility,
+    )
