@@ -240,6 +240,12 @@ def test_wheel_tags_layout_and_library(builds: Builds, platform: str) -> None:
     assert tag in wheel_meta, f"{wheel.name}: WHEEL: expected {tag!r}, got {wheel_meta!r}"
     assert "Root-Is-Purelib: false\n" in wheel_meta, f"{wheel.name}: WHEEL: {wheel_meta}"
     assert "sparkseal/runtime/_lib.py" in names, f"{wheel.name}: expected the Python package, got {names}"
+    assert "sparkseal/core/manifest.py" in names, f"{wheel.name}: expected sparkseal.core, got {names}"
+    # What runs in the image only: no action program, fetch helper or auditor.
+    foreign = [
+        n for n in names if n.startswith(("sparkseal/actions/", "sparkseal/fetch/", "sparkseal/audit/"))
+    ]
+    assert foreign == [], f"{wheel.name}: expected no build, fetch or audit code, found {foreign}"
     assert dates == {ZIP_DATE_TIME}, f"{wheel.name}: expected every entry dated {ZIP_DATE_TIME}, got {dates}"
     machine, sections = elf_sections(library)
     assert machine == ELF_MACHINE[platform], (
