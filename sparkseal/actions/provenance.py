@@ -4,7 +4,7 @@ The statement says what was built (``subject``), from what (``resolvedDependenci
 (``builder``), with no clock time, host name or build path in it, so two builds of the same inputs write
 the same bytes:
 
-* ``subject``: the image (its OCI manifest digest), the PEX (its tree digest, as ``pex_build`` writes it),
+* ``subject``: the image (its OCI manifest digest), the PEX (its tree digest, as ``sparkseal_pex`` writes it),
   the module manifest and the SBOM (the sha256 of each file). Each subject's ``name`` is its path below
   ``bazel-bin`` and its ``annotations.kind`` says how ``sparkseal provenance check`` re-derives the digest.
 * ``buildDefinition.externalParameters``: the platform, the Bazel targets, the CUDA architecture override.

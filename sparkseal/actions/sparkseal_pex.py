@@ -18,7 +18,7 @@ re-executes there, so child processes started with ``sys.executable`` (vLLM's wo
 workers) import the same distributions, and the console scripts are put first on ``PATH``.
 
 ``--digest`` receives ``sha256:<hex>`` of the tree's ``sha256sum``-style listing (as
-``module_manifest.listing_digest`` computes it), which coreutils reproduce:
+``sparkseal.core.digests.listing_digest`` computes it), which coreutils reproduce:
 ``cd APP.pex && find . -type f -printf '%P\\0' | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum``.
 
 ``--print-complete-platform PLATFORM`` prints the complete platform JSON of ``PLATFORM``; the files

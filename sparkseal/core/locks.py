@@ -28,7 +28,7 @@ BUILD_TYPE = f"{NAMESPACE}:build-type:image-pex:v1"
 
 # How a subject's digest is re-derived from the artifact on disk (sparkseal.audit.provenance_check):
 #   oci-image        the OCI layout directory; the digest of the image manifest its index.json names
-#   pex              the packed PEX directory; sha256 of its sha256sum-style listing (pex_build.tree_digest)
+#   pex              the packed PEX directory; sha256 of its sha256sum-style listing (digests.tree_digest)
 #   module-manifest  the manifest file; sha256 of its bytes
 #   sbom             the SPDX file; sha256 of its bytes
 # The action itself reads the first two from the digest files their rules write, never the large trees.
