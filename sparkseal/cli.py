@@ -430,6 +430,8 @@ def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         against=args.against,
         log=args.log,
         api_key=api_key,
+        nccl_logs=args.nccl_logs,
+        require_module_check=args.require_module_check,
     )
     progress = (
         (lambda line: print(line, file=sys.stderr, flush=True)) if not args.json else (lambda _line: None)
@@ -531,6 +533,18 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
         "--against", type=Path, help="compare the soak's completions with a recorded reference"
     )
     live.add_argument("--log", type=Path, help="the server's log, scanned for failures")
+    live.add_argument(
+        "--nccl-logs",
+        type=Path,
+        metavar="DIR",
+        help="the per-rank NCCL_DEBUG_FILE logs (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,COLL): every rank's "
+        "collective sequence must be the same; implies --require-module-check",
+    )
+    live.add_argument(
+        "--require-module-check",
+        action="store_true",
+        help="the server log must show the sparkseal plugin's cross-rank module check for every rank",
+    )
     live.add_argument(
         "--api-key-env", metavar="VAR", help="environment variable holding the server's API key"
     )

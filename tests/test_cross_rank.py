@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal.core import manifest as mm
-from sparkseal.runtime import plugin
+from sparkseal.runtime import live_check, plugin
 from tests.installed_tree import make_venv
 from tests.loopback import free_port
 
@@ -38,6 +38,8 @@ _WORLD = None
 class _Coordinator:
     def __init__(self):
         self.cpu_group = torch.distributed.new_group(backend="gloo")
+        self.rank_in_group = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
 
 
 def initialize_model_parallel(tensor_model_parallel_size=1):
@@ -80,11 +82,15 @@ try:
         result = {"digest": plugin.check_ranks(plugin.local_state(modules, [site], manifest))}
     else:
         sys.path.insert(0, site)
+        import io, logging
         from vllm.distributed import parallel_state
+        captured = io.StringIO()
+        logging.getLogger("vllm").addHandler(logging.StreamHandler(captured))  # as vLLM's logging set-up does
+        logging.getLogger("vllm").setLevel(logging.INFO)
         plugin.install_hook(parallel_state, modules, [site], manifest)
         plugin.install_hook(parallel_state, modules, [site], manifest)  # loaded twice: wraps once
         parallel_state.ensure_model_parallel_initialized(2)
-        result = {"hooked": True}
+        result = {"hooked": True, "log": captured.getvalue()}
 except plugin.RankMismatchError as error:
     result = {"error": str(error)}
 Path(out).write_text(json.dumps(result))
@@ -198,7 +204,17 @@ def test_tampered_module_on_rank_1_stops_both_ranks(
 
 
 def test_hook_checks_ranks_when_vllm_builds_its_groups(tmp_path: Path, trees: tuple[Path, Path]) -> None:
-    assert _run_ranks(tmp_path, trees, "hook") == [{"hooked": True}] * 2
+    results = _run_ranks(tmp_path, trees, "hook")
+    assert [result["hooked"] for result in results] == [True, True]
+    # The line `sparkseal live-check` reads from the server log, one per rank, the same digest on both.
+    lines = [result["log"].strip() for result in results]
+    matches = [live_check._MODULE_CHECK.search(line) for line in lines]
+    assert all(matches), lines
+    assert [(m["rank"], m["ranks"], m["modules"]) for m in matches] == [
+        ("0", "2", "vllm, torch, sparkseal"),
+        ("1", "2", "vllm, torch, sparkseal"),
+    ]
+    assert matches[0]["digest"] == matches[1]["digest"]
     (trees[1] / "torch/evil.py").write_bytes(b"import os\n")
     results = _run_ranks(tmp_path, trees, "hook")
     assert results[0] == results[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -265,6 +266,8 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
         "speculation",
         "lossless",
         "server-log",
+        "module-check",
+        "nccl",
     ]
     with FakeServer(Behaviour(drafting=False)) as server:
         finding = _cli(server.url, "--soak", "2", "--long-prompt-tokens", "32")
@@ -278,3 +281,85 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
     assert bad_vocab.returncode == 2 and "expected LOW:HIGH with LOW < HIGH" in bad_vocab.stderr
     missing_log = _cli("http://127.0.0.1:1", "--log", str(tmp_path / "none.log"))
     assert missing_log.returncode == 2 and "none.log: no such file" in missing_log.stderr
+
+
+FIXTURES = REPO / "tests" / "fixtures" / "nccl"
+
+
+def _tp2_logs(tmp_path: Path, kind: str, ranks_logged: tuple[int, ...] = (0, 1)) -> tuple[Path, Path]:
+    """A TP=2 server log with the plugin's line per rank, and a folder of NCCL logs (one per process)."""
+    server = tmp_path / "server.log"
+    lines = ["(APIServer pid=10) INFO 12-01 10:00:00 [api_server.py:1] Starting vLLM API server"]
+    for rank in ranks_logged:
+        lines.append(
+            f"(Worker_TP{rank} pid={20 + rank}) INFO 12-01 10:00:05 [plugin.py:180] "
+            f"sparkseal: rank {rank} of 2: vllm, torch, sparkseal identical on every rank (digest 5f2a9c)"
+        )
+    server.write_text("\n".join(lines) + "\n")
+    folder = tmp_path / "nccl"
+    folder.mkdir()
+    for rank in (0, 1):
+        shutil.copy(FIXTURES / f"{kind}.rank{rank}.log", folder / f"nccl.vm.{640 + rank}.log")
+    (folder / "nccl.vm.10.log").write_text(
+        "vm:10:10 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+    )  # no collectives
+    return server, folder
+
+
+def test_tensor_parallel_ranks_agree(tmp_path: Path):
+    server_log, folder = _tp2_logs(tmp_path, "equal")
+    with FakeServer() as server:
+        report = check(server, log=server_log, nccl_logs=folder)
+    assert report.ok, report.findings
+    assert report.step("module-check").figures == {"ranks": [0, 1], "world_size": [2], "digest": ["5f2a9c"]}
+    assert report.step("nccl").figures == {
+        "ranks": 2,
+        "collectives_per_rank": [5, 5],
+        "p2p_per_rank": [1, 1],
+        "logs": ["nccl.vm.640.log", "nccl.vm.641.log"],
+    }
+
+
+def test_nccl_divergence_is_a_finding_naming_both_ranks(tmp_path: Path):
+    server_log, folder = _tp2_logs(tmp_path, "divergent")
+    with FakeServer() as server:
+        report = check(server, log=server_log, nccl_logs=folder)
+    assert kinds(report) == {("nccl", "divergence")}
+    message = report.findings[0].message
+    assert message.startswith("nccl: the ranks diverge at collective #2 (differs in: op, count, datatype): ")
+    assert (
+        "rank 0: nccl.vm.640.log:4 Broadcast" in message
+        and "rank 1: nccl.vm.641.log:4 ReduceScatter" in message
+    )
+
+
+def test_module_check_missing_or_incomplete_is_a_finding(tmp_path: Path):
+    server_log, folder = _tp2_logs(tmp_path, "equal", ranks_logged=())
+    with FakeServer() as server:
+        report = check(server, log=server_log, nccl_logs=folder)
+    assert kinds(report) == {("module-check", "did-not-run")}
+    assert "no line of the sparkseal plugin's cross-rank check" in report.findings[0].message
+
+    other = tmp_path / "other"
+    other.mkdir()
+    server_log, folder = _tp2_logs(other, "equal", ranks_logged=(0,))
+    with FakeServer() as server:
+        report = check(server, log=server_log, require_module_check=True)
+    assert kinds(report) == {("module-check", "incomplete")}
+    assert "missing ranks [1]" in report.findings[0].message
+    with FakeServer() as server:  # one rank without --require-module-check: reported, not required
+        single = check(server, log=server_log)
+    assert ("module-check", "incomplete") in kinds(single)
+
+
+def test_nccl_needs_a_log_per_rank(tmp_path: Path):
+    server_log, folder = _tp2_logs(tmp_path, "equal")
+    (folder / "nccl.vm.641.log").unlink()
+    with FakeServer() as server:
+        report = check(server, log=server_log, nccl_logs=folder)
+    assert kinds(report) == {("nccl", "ranks")}
+    assert "found nccl.vm.640.log (rank 0)" in report.findings[0].message
+    with FakeServer() as server, pytest.raises(UsageError, match="give --log FILE"):
+        check(server, nccl_logs=folder)
+    with FakeServer() as server, pytest.raises(UsageError, match="expected a folder of per-rank NCCL logs"):
+        check(server, log=server_log, nccl_logs=tmp_path / "none")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal.audit import nccl_diff as nd
+from sparkseal.core import nccl
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"
@@ -28,9 +29,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_real_log_records_are_normalised() -> None:
-    log = nd.parse_log(EQUAL[0])
+    log = nccl.parse_log(EQUAL[0])
     assert [e.line for e in log.collectives] == [2, 3, 4, 5, 6]
-    assert log.collectives[4].record == nd.Record(
+    assert log.collectives[4].record == nccl.Record(
         op="AllReduce", op_count=0, count=256, datatype=9, reduction=2, root=0, nranks=2, comm=0
     )
     assert (
@@ -44,7 +45,7 @@ def test_real_log_records_are_normalised() -> None:
         "ReduceScatter",
         "AllReduce",
     ]
-    assert (log.p2p, nd.parse_log(EQUAL[1]).p2p) == (1, 1)  # rank 0's Send, rank 1's Recv
+    assert (log.p2p, nccl.parse_log(EQUAL[1]).p2p) == (1, 1)  # rank 0's Send, rank 1's Recv
 
 
 def test_equal_run_has_identical_sequences() -> None:
@@ -117,7 +118,7 @@ def test_opcount_is_hexadecimal_and_compared(tmp_path: Path) -> None:
         tmp_path, EQUAL[1], "rank1.log", {"ReduceScatter: opCount 0": "ReduceScatter: opCount 1a"}
     )
     result = nd.diff_logs([EQUAL[0], rank1])
-    assert result.divergence == nd.Divergence(3, ("op_count",))
+    assert result.divergence == nccl.Divergence(3, ("op_count",))
     assert result.logs[1].collectives[3].record.op_count == 26
     assert "ReduceScatter opCount 1a count 1024" in nd.render(result, as_json=False)
 
@@ -127,15 +128,15 @@ def test_communicators_are_numbered_by_first_appearance(tmp_path: Path) -> None:
     second_comm = lines[4].replace("comm 0xf879e60", "comm 0xabc")
     log = tmp_path / "two_comms.log"
     log.write_text("\n".join([*lines[:4], second_comm, *lines[5:]]) + "\n")
-    assert [e.record.comm for e in nd.parse_log(log).collectives] == [0, 0, 0, 1, 0]
-    assert nd.diff_logs([EQUAL[0], log]).divergence == nd.Divergence(3, ("comm",))
+    assert [e.record.comm for e in nccl.parse_log(log).collectives] == [0, 0, 0, 1, 0]
+    assert nd.diff_logs([EQUAL[0], log]).divergence == nccl.Divergence(3, ("comm",))
 
 
 def test_a_rank_whose_log_ends_early(tmp_path: Path) -> None:
     short = tmp_path / "short.log"
     short.write_text("".join(EQUAL[1].read_text().splitlines(keepends=True)[:4]))
     result = nd.diff_logs([EQUAL[0], short, EQUAL[1]], context=0)
-    assert result.divergence == nd.Divergence(3, ("missing",))
+    assert result.divergence == nccl.Divergence(3, ("missing",))
     assert nd.render(result, as_json=False).splitlines() == [
         "divergence at collective #3 (differs in: missing)",
         f"rank 0 ({EQUAL[0]}): 5 collectives",
@@ -180,3 +181,16 @@ def test_cli_usage_errors(tmp_path: Path) -> None:
     assert f"{tmp_path / 'none.log'}: cannot read the log" in missing.stderr
     helped = _cli("--help")
     assert helped.returncode == 0 and "NCCL_DEBUG_SUBSYS=COLL" in helped.stdout
+
+
+def test_rank_comes_from_init_complete_else_from_the_cuda_device(tmp_path: Path):
+    assert [nccl.parse_log(path).position for path in EQUAL] == [0, 1]  # COLL only: the device
+    assert nccl.parse_log(EQUAL[1]).rank is None
+    log = tmp_path / "worker.log"
+    log.write_text(
+        "vm:700:700 [0] NCCL INFO ncclCommInitRankConfig comm 0x5580 rank 1 nranks 2 cudaDev 0 nvmlDev 0 "
+        "busId 6000 commId 0x1d2f - Init COMPLETE\n"
+        + EQUAL[1].read_text().replace("vm:641:641 [1]", "vm:700:700 [0]")
+    )
+    parsed = nccl.parse_log(log)
+    assert (parsed.rank, parsed.device, parsed.position) == (1, 0, 1)

@@ -5,7 +5,8 @@
 #   bench/live/h200.sh install                      reassemble, check, install deps / our vLLM / upstream vLLM
 #   bench/live/h200.sh run OUT [--weights] [PHASE ...]
 #       serve the test model and run live-check (phases: plain ours upstream, default all; plain records the
-#       reference the others compare with), results in OUT/live-results.tar.gz. --weights serves seeded
+#       reference the others compare with; tp2, on two GPUs: ours with --tensor-parallel-size 2, the
+#       module check and the NCCL sequences of both ranks), results in OUT/live-results.tar.gz. --weights serves seeded
 #       safetensors weights instead of vLLM's dummy weights (see bench/live/test_model.py), and uses vLLM's
 #       own sampler instead of FlashInfer's, whose kernels a fresh machine would first JIT-compile for ~2 min.
 set -euo pipefail
@@ -75,6 +76,11 @@ run)
                 --check "$phase-dspark-seqs1:--speculation required --against $ref ${long[*]}"
             serve --name "$phase-dspark-seqs8" --site "$site" --site "$root/deps" --dspark --max-num-seqs 8 \
                 --check "$phase-dspark-conc8:--speculation required --concurrency 8 --against $ref ${long[*]}"
+            ;;
+        tp2)
+            serve --name ours-dspark-tp2 --site "$root/ours" --site "$root/deps" --dspark --max-num-seqs 8 \
+                --tensor-parallel-size 2 --nccl-logs "$results/nccl-tp2" \
+                --check "ours-dspark-tp2:--speculation required --concurrency 8 --against $ref ${long[*]} --nccl-logs $results/nccl-tp2"
             ;;
         *)
             echo "run: unknown phase $phase" >&2

@@ -35,6 +35,7 @@ def serve_command(args: argparse.Namespace) -> list[str]:
     command += ["--host", "127.0.0.1", "--port", str(args.port), "--max-model-len", str(args.max_model_len)]
     command += ["--max-num-seqs", str(args.max_num_seqs), "--gpu-memory-utilization", "0.4", "--seed", "0"]
     command += ["--enable-chunked-prefill", "--enable-prefix-caching"]
+    command += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     command += ["--compilation-config", json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
     if args.dspark:
         speculative = {
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--nccl-logs", type=Path, help="write each rank's NCCL debug log (INIT and COLL) into this folder"
+    )
     parser.add_argument("--start-deadline", type=float, default=420.0)
     parser.add_argument("--check", action="append", default=[], help="NAME:LIVE-CHECK-ARGUMENTS")
     parser.add_argument("--out", type=Path, required=True)
@@ -93,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(str(site) for site in args.site)
     env["PYTHONUNBUFFERED"] = "1"
+    env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off: it can take a shared host's GPUs down
+    if args.nccl_logs is not None:
+        args.nccl_logs.mkdir(parents=True, exist_ok=True)
+        env["NCCL_DEBUG"] = "INFO"
+        env["NCCL_DEBUG_SUBSYS"] = "INIT,COLL"
+        env["NCCL_DEBUG_FILE"] = str(args.nccl_logs / "nccl.%h.%p.log")
     command = serve_command(args)
     summary: dict = {"name": args.name, "command": shlex.join(command), "checks": {}}
     started = time.monotonic()

@@ -21,6 +21,13 @@ shapes than a one-token decode, and in bf16 that can flip the choice between two
 completion that first differs where the reference's two best tokens were within ``--tie-margin`` (in
 log-probability) of each other and the server chose the other one is counted as a near-tie flip, not a
 finding; any other difference is a finding.
+
+With tensor parallelism, two more steps prove that the ranks agree. The module check: the sparkseal vLLM
+plugin logs, in every worker, that the module files of every rank are identical (or stops them all); the
+server log must show that line once per rank, with one digest. The NCCL check (``--nccl-logs DIR``, the
+folder of the per-rank ``NCCL_DEBUG_FILE`` logs written with ``NCCL_DEBUG=INFO`` and ``NCCL_DEBUG_SUBSYS``
+including ``COLL``): after the check's requests, every rank's normalised collective sequence must be the
+same (``sparkseal nccl-diff``'s rules); the first divergence is a finding.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from sparkseal.core.nccl import NcclLogError, RankLog, first_divergence, parse_log
 
 REFERENCE_FORMAT = "sparkseal-live-reference/1"
 
@@ -140,6 +149,8 @@ class Options:
     against: Path | None = None
     log: Path | None = None
     api_key: str | None = None
+    nccl_logs: Path | None = None
+    require_module_check: bool = False
 
 
 def redact_url(url: str) -> str:
@@ -388,6 +399,10 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         raise UsageError("--soak, --concurrency and --max-tokens must be at least 1")
     if options.log is not None and not options.log.is_file():
         raise UsageError(f"--log {options.log}: no such file")
+    if options.nccl_logs is not None and not options.nccl_logs.is_dir():
+        raise UsageError(f"--nccl-logs {options.nccl_logs}: expected a folder of per-rank NCCL logs")
+    if (options.require_module_check or options.nccl_logs is not None) and options.log is None:
+        raise UsageError("the module check reads the server log: give --log FILE")
     reference = _load_reference(options.against) if options.against is not None else None
     client = Client(options.url, options.api_key)
     report = Report(url=client.shown)
@@ -413,7 +428,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
             server.figures = {"models": listed}
     if not server.ok:
         _skip_rest(report, "the server check failed", first=True)
-        _log_step(report, options)
+        _closing_steps(report, options)
         return report
     metrics_before = _metrics(client, options.timeout)
 
@@ -436,7 +451,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     except RequestFailed as error:
         report.find("first-request", error.kind, f"first request: {error}")
         _skip_rest(report, "the first request failed", first=False)
-        _log_step(report, options)
+        _closing_steps(report, options)
         return report
 
     # 2. The soak: every prompt once, serially or with several clients.
@@ -527,9 +542,16 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     # 5. Lossless: the soak's completions against (or recorded as) the non-speculative reference.
     _lossless_step(report, options, prompts, results, max_tokens, reference)
 
-    # 6. The server's log.
-    _log_step(report, options)
+    # 6. The server's log; with several ranks, the ranks' module check and their NCCL sequences.
+    _closing_steps(report, options)
     return report
+
+
+def _closing_steps(report: Report, options: Options) -> None:
+    """What the logs say: run also when the requests failed, since a failing rank is why they may have."""
+    _log_step(report, options)
+    _module_check_step(report, options)
+    _nccl_step(report, options)
 
 
 def _metrics(client: Client, timeout: float) -> dict[str, float] | None:
@@ -695,6 +717,109 @@ def _near_tie(
         return None
     margin = position[want[at]] - position[got[at]]
     return margin if 0 <= margin <= tie_margin else None
+
+
+# The sparkseal vLLM plugin's line (sparkseal/runtime/plugin.py), as vLLM's logging prints it.
+_MODULE_CHECK = re.compile(
+    r"sparkseal: rank (?P<rank>\d+) of (?P<ranks>\d+): (?P<modules>.+) identical on every rank "
+    r"\(digest (?P<digest>[0-9a-f]+)\)"
+)
+
+
+def _module_check_step(report: Report, options: Options) -> None:
+    required = options.require_module_check or options.nccl_logs is not None
+    step = Step("module-check", ok=True)
+    report.steps.append(step)
+    if options.log is None:
+        step.skipped = "no server log (--log FILE)"
+        return
+    seen: dict[int, tuple[int, str]] = {}
+    with options.log.open(encoding="utf-8", errors="replace") as stream:
+        for line in stream:
+            match = _MODULE_CHECK.search(line)
+            if match:
+                seen[int(match["rank"])] = (int(match["ranks"]), match["digest"])
+    if not seen:
+        if required:
+            step.ok = False
+            report.find(
+                "module-check",
+                "did-not-run",
+                f"module check: {options.log} has no line of the sparkseal plugin's cross-rank check "
+                "(is the sparkseal wheel installed beside vLLM, and VLLM_PLUGINS unset or naming sparkseal?)",
+            )
+        else:
+            step.skipped = "the server log shows no cross-rank module check"
+        return
+    world = {ranks for ranks, _ in seen.values()}
+    digests = {digest for _, digest in seen.values()}
+    step.figures = {"ranks": sorted(seen), "world_size": sorted(world), "digest": sorted(digests)}
+    missing = sorted(set(range(max(world))) - set(seen))
+    if len(world) > 1 or len(digests) > 1 or missing:
+        step.ok = False
+        report.find(
+            "module-check",
+            "incomplete",
+            f"module check: ranks {sorted(seen)} reported (world sizes {sorted(world)}, digests "
+            f"{sorted(digests)}); missing ranks {missing}",
+        )
+
+
+def _nccl_step(report: Report, options: Options) -> None:
+    step = Step("nccl", ok=True)
+    report.steps.append(step)
+    if options.nccl_logs is None:
+        step.skipped = "no NCCL logs (--nccl-logs DIR)"
+        return
+    logs: list[RankLog] = []
+    try:
+        for path in sorted(p for p in options.nccl_logs.iterdir() if p.is_file()):
+            log = parse_log(path)
+            if log.collectives:  # the API server and the engine core run no collective
+                logs.append(log)
+    except NcclLogError as error:
+        step.ok = False
+        report.find("nccl", "unreadable", f"nccl: {error}")
+        return
+    positions = [log.position for log in logs]
+    if len(logs) < 2 or None in positions or len(set(positions)) != len(positions):
+        step.ok = False
+        named = ", ".join(f"{log.path.name} (rank {log.position})" for log in logs) or "none"
+        report.find(
+            "nccl",
+            "ranks",
+            f"nccl: expected one log with collectives per rank, at least two, in {options.nccl_logs}; "
+            f"found {named}",
+        )
+        return
+    logs.sort(key=lambda log: log.position or 0)
+    step.figures = {
+        "ranks": len(logs),
+        "collectives_per_rank": [len(log.collectives) for log in logs],
+        "p2p_per_rank": [log.p2p for log in logs],
+        "logs": [log.path.name for log in logs],
+    }
+    divergence = first_divergence(logs)
+    if divergence is None:
+        return
+    step.ok = False
+    index = divergence.index
+    step.figures["first_divergence"] = {"index": index, "fields": list(divergence.fields)}
+    described = "; ".join(
+        f"rank {log.position}: "
+        + (
+            f"{log.path.name}:{log.collectives[index].line} {log.collectives[index].record.describe()}"
+            if index < len(log.collectives)
+            else f"{log.path.name} ends after {len(log.collectives)} collectives"
+        )
+        for log in logs
+    )
+    report.find(
+        "nccl",
+        "divergence",
+        f"nccl: the ranks diverge at collective #{index} (differs in: {', '.join(divergence.fields)}): "
+        f"{described}",
+    )
 
 
 def _log_step(report: Report, options: Options) -> None:

@@ -40,7 +40,9 @@ from sparkseal.runtime.verify import (
     installed_module,
 )
 
-logger = logging.getLogger(__name__)
+# A child of vLLM's own logger: vLLM configures only the "vllm" logger tree, so a logger of another name
+# stays silent in the server's log, where `sparkseal live-check` looks for this check's result.
+logger = logging.getLogger("vllm.sparkseal")
 
 # At most this many differing files are named in the error; the count of the rest follows.
 MAX_LISTED = 20
@@ -168,8 +170,15 @@ def install_hook(
     def initialize_model_parallel(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         state = local_state(modules, search_path, manifest_path)
-        digest = check_ranks(state, parallel_state.get_world_group().cpu_group)
-        logger.info("sparkseal: %s identical on every rank (digest %s)", ", ".join(modules), digest)
+        world = parallel_state.get_world_group()
+        digest = check_ranks(state, world.cpu_group)
+        logger.info(
+            "sparkseal: rank %d of %d: %s identical on every rank (digest %s)",
+            world.rank_in_group,
+            world.world_size,
+            ", ".join(modules),
+            digest,
+        )
         return result
 
     setattr(initialize_model_parallel, _WRAPPED, True)
