@@ -15,7 +15,7 @@ Build side::
     python3 bench/live/stage.py delta make --base ours.whl --target upstream.whl --out X.delta
     python3 bench/live/stage.py pack --name deps --out .stage --part-mib 60 FILE...
 
-GPU side (standard library only; the repository is the working directory)::
+GPU side (standard library and ``sparkseal.core``; the repository is the working directory)::
 
     python3 bench/live/stage.py receive .stage/deps-01 [.stage/deps-02 ...]
     python3 bench/live/stage.py unpack deps --dest /tmp/sparkseal-stage/deps
@@ -38,8 +38,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from sparkseal.core.digests import sha256_file
+from sparkseal.core.wheels import normalize_name, parse_wheel_filename
+
 STAGE_ROOT = Path("/tmp/sparkseal-stage")
-CHUNK = 1 << 20
 
 # Locked packages not staged for the Qwen3 test model: each is reached only on paths that model does not
 # take on an H200 (checked by importing vLLM's serving, engine, GPU model runner and DSpark modules
@@ -66,18 +70,6 @@ NOT_STAGED = {
 }
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def die(message: str) -> None:
     print(f"stage: {message}", file=sys.stderr)
     raise SystemExit(1)
@@ -89,20 +81,20 @@ def die(message: str) -> None:
 def plan(lock: Path, installed: Path) -> dict:
     """Which locked wheels the GPU machine lacks at the locked version, and which it already has."""
     wheels = json.loads(lock.read_text())["wheels"]
-    have = {normalize(p["name"]): p["version"] for p in json.loads(installed.read_text())}
+    have = {normalize_name(p["name"]): p["version"] for p in json.loads(installed.read_text())}
     stage, reuse, skipped = [], [], []
     for name, wheel in sorted(wheels.items()):
         entry = {"name": name, "version": wheel["version"], "filename": wheel["filename"]}
-        if have.get(normalize(name)) == wheel["version"]:
+        if have.get(normalize_name(name)) == wheel["version"]:
             reuse.append(entry)
-        elif normalize(name) in NOT_STAGED:
-            skipped.append({**entry, "reason": NOT_STAGED[normalize(name)]})
+        elif normalize_name(name) in NOT_STAGED:
+            skipped.append({**entry, "reason": NOT_STAGED[normalize_name(name)]})
         else:
             # A version-specific wheel (cp311) is replaced by the same release built for the machine's Python;
             # py3 and abi3 wheels travel as locked, sha256 included.
             entry["locked_sha256"] = wheel["sha256"]
             entry["same_file"] = not re.search(r"-cp3\d+-cp3\d+-", wheel["filename"])
-            entry["installed_version"] = have.get(normalize(name))
+            entry["installed_version"] = have.get(normalize_name(name))
             stage.append(entry)
     return {"lock": str(lock), "stage": stage, "reuse": reuse, "not_staged": skipped}
 
@@ -125,8 +117,8 @@ def fetch(plan_doc: dict, dest: Path, python_version: str, platforms: list[str])
         found = [
             p
             for p in dest.glob("*.whl")
-            if normalize(p.name.split("-")[0]) == normalize(entry["name"])
-            and p.name.split("-")[1] == entry["version"]
+            if (parse_wheel_filename(p.name).project, parse_wheel_filename(p.name).version)
+            == (normalize_name(entry["name"]), entry["version"])
         ]
         if len(found) != 1:
             die(f"{entry['name']}=={entry['version']}: expected one wheel in {dest}, found {sorted(found)}")
