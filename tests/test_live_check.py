@@ -143,6 +143,15 @@ def test_record_then_against_passes_and_a_changed_completion_is_found(tmp_path: 
     }
     assert same.step("soak").figures["max_tokens"] == 8
 
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({**document, "model": "Qwen3-8B"}))
+    with (
+        FakeServer() as server,
+        pytest.raises(
+            UsageError, match="recorded from model 'Qwen3-8B', but the server serves 'fake-dspark'"
+        ),
+    ):
+        check(server, against=foreign)
     with FakeServer(Behaviour(perturb_request=4)) as server:
         drifted = check(server, against=reference)
     assert kinds(drifted) == {("lossless", "mismatch")}

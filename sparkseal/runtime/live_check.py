@@ -432,6 +432,11 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         return report
     metrics_before = _metrics(client, options.timeout)
 
+    if reference is not None and reference.get("model") != report.model:
+        raise UsageError(
+            f"--against {options.against}: recorded from model {reference.get('model')!r}, "
+            f"but the server serves {report.model!r}"
+        )
     max_tokens = int(reference["max_tokens"]) if reference else options.max_tokens
     if reference:
         prompts = [[int(token) for token in prompt] for prompt in reference["prompts"]]
