@@ -13,12 +13,15 @@ Knobs for failure tests:
 - ``served_bytes_override``: filename -> bytes served instead of the listed content (a corrupt download);
 - ``json_pages=False``: pages answer HTML (as a PEP 503-only index does). A request whose ``Accept``
   header does not ask for the JSON type gets HTML too.
+- ``basic_auth=(login, password)``: a private index; every request without those credentials (HTTP basic
+  authentication) gets 401. ``authorized`` counts the requests that carried them, per path.
 
 The server binds 127.0.0.1 on a free port, serves from a thread, and stops when the block ends.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
 import json
@@ -63,6 +66,7 @@ class FixtureIndex:
         served_bytes_override: Mapping[str, bytes] | None = None,
         absolute_urls: bool = False,
         json_pages: bool = True,
+        basic_auth: tuple[str, str] | None = None,
     ) -> None:
         self.files = dict(files)
         self.listed_sha256_override = dict(listed_sha256_override or {})
@@ -70,7 +74,9 @@ class FixtureIndex:
         self.served_bytes_override = dict(served_bytes_override or {})
         self.absolute_urls = absolute_urls
         self.json_pages = json_pages
+        self.basic_auth = basic_auth
         self.requests: Counter[str] = Counter()
+        self.authorized: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -144,6 +150,17 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve a project page or a file."""
         index = self.index
         index._count(self.path)
+        if index.basic_auth is not None:
+            login, password = index.basic_auth
+            expected = "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="fixture index"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            with index._lock:
+                index.authorized[self.path] += 1
         parts = self.path.split("?", 1)[0].split("/")
         # "/simple/<project>/" splits into ["", "simple", project, ""].
         if len(parts) == 4 and parts[1] == "simple" and parts[3] == "" and parts[2] in index._projects():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import shutil
 import zipfile
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bazel_util import BAZEL, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import BAZEL, Workspace, base_env, make_fixture_workspace, remove_tree
 from tests.fixture_index import FixtureIndex
 from tests.fixtures_vllm import make_patch, make_sdist, make_wheel
 
@@ -316,3 +317,51 @@ def test_editing_a_series_helper_reruns_the_series_rule(fixture: Fixture, helper
         source.write_text(original)
     code, output = fixture.build("//third_party/vllm:patched_tree")
     assert code == 0, output
+
+
+def test_private_index_with_basic_auth(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """401 without credentials names the index; a wrong password is refused unprinted; the right
+    credentials, in the index URL or in a netrc file, fetch and verify, and no output shows them."""
+    tmp = tmp_path_factory.mktemp("private")
+    artifacts = _artifacts(tmp, commit_id=COMMIT[:9])
+    login, password, wrong = "ci-reader", "pw-" + secrets.token_hex(8), "wrong-" + secrets.token_hex(8)
+    with FixtureIndex(artifacts, basic_auth=(login, password)) as index:
+        ws = _workspace(tmp / "ws", tmp / "cache-none", index)
+        hostport = index.url.split("://", 1)[1]
+        ws.env["NETRC"] = str(tmp / "no-netrc")
+        try:
+            fx = Fixture(ws, index, artifacts)
+            fx.configure()
+            code, output = fx.build("//third_party/vllm:pristine_tree")
+            assert code != 0
+            assert (
+                f"sparkseal: {SDIST}: index answered HTTP 401 Unauthorized for {index.url}/vllm/: "
+                "the index needs credentials" in output
+            )
+
+            ws.env["PIP_INDEX_URL"] = f"http://{login}:{wrong}@{hostport}"
+            code, output = fx.build("//third_party/vllm:pristine_tree")
+            assert code != 0
+            assert f"for http://***@{hostport}/vllm/: the credentials sent were refused" in output
+            assert wrong not in output and login not in output
+
+            ws.env["PIP_INDEX_URL"] = f"http://{login}:{password}@{hostport}"
+            ws.repository_cache = tmp / "cache-url"
+            code, output = fx.build("//third_party/vllm:pristine_tree")
+            assert code == 0, output
+            assert password not in output and login not in output
+            assert index.authorized[f"/packages/{SDIST}"] == 1
+            cached = ws.repository_cache / "content_addressable/sha256" / _sha(artifacts[SDIST]) / "file"
+            assert cached.read_bytes() == artifacts[SDIST]
+
+            netrc = tmp / "netrc"
+            netrc.write_text(f"machine 127.0.0.1 login {login} password {password}\n")
+            ws.env.update(PIP_INDEX_URL=index.url, NETRC=str(netrc))
+            ws.repository_cache = tmp / "cache-netrc"
+            code, output = fx.build("//third_party/vllm:pristine_tree")
+            assert code == 0, output
+            assert password not in output
+            assert index.authorized[f"/packages/{SDIST}"] == 2
+        finally:
+            ws.shutdown()
+            remove_tree(ws.output_base)

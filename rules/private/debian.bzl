@@ -23,7 +23,8 @@ gives `<name>/` (the tree of regular files), `<name>.links.json` (the links spec
 load(":common.bzl", "ACTION_ENV", "tool")
 load(":pypi_download.bzl", "from_repository_cache", "run_python_helper")
 
-APT_ENVIRON = ["SPARKSEAL_APT_SOURCES"]
+# NETRC: credentials for mirrors that need them (else ~/.netrc).
+APT_ENVIRON = ["SPARKSEAL_APT_SOURCES", "NETRC"]
 
 _RESERVED_TARGETS = ["debs", "lock"]
 
@@ -84,8 +85,19 @@ def _resolve(rctx, missing):
         urls[package] = url
     return urls
 
-def _download(rctx, entry, url, output):
-    if rctx.download([url], output, sha256 = entry["sha256"], allow_fail = True).success:
+def _credentials(rctx, urls):
+    """{apt's URL: {"url": the URL without credentials, "auth": Bazel's download `auth`}} (netrc)."""
+    if not urls:
+        return {}
+    result = run_python_helper(rctx, "sparkseal.fetch.credentials", sorted(urls))
+    if result.return_code != 0:
+        # stderr only: stdout of a successful answer holds the credentials.
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), rctx.name))
+    return json.decode(result.stdout)
+
+def _download(rctx, entry, target, output):
+    url = target["url"]
+    if rctx.download([url], output, sha256 = entry["sha256"], allow_fail = True, auth = target["auth"]).success:
         return
 
     # Tell a mismatch from an outage (Bazel does not say what it got); nothing unverified is kept.
@@ -116,9 +128,10 @@ def _debian_packages_impl(rctx):
             missing.append(entry)
     if missing:
         urls = _resolve(rctx, missing)
+        targets = _credentials(rctx, urls.values())
         for entry in missing:
             rctx.report_progress("downloading %s" % entry["filename"])
-            _download(rctx, entry, urls[entry["package"]], "debs/" + entry["filename"])
+            _download(rctx, entry, targets[urls[entry["package"]]], "debs/" + entry["filename"])
 
     rctx.symlink(rctx.attr.lock, "lock.json")
     lines = [

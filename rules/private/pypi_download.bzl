@@ -7,7 +7,8 @@ repository cache, ``--distdir`` and mirror rewriting, and a wrong hash never lan
 
 load(":helpers.bzl", "HELPER_SOURCES")
 
-INDEX_ENVIRON = ["PIP_INDEX_URL", "PIP_CONFIG_FILE"]
+# NETRC names the netrc file that holds index credentials (else ~/.netrc): a change re-runs the lookup.
+INDEX_ENVIRON = ["PIP_INDEX_URL", "PIP_CONFIG_FILE", "NETRC"]
 
 def host_python(rctx):
     """The host Python 3 that runs repository-rule helpers."""
@@ -36,11 +37,13 @@ def run_python_helper(rctx, module, args):
     )
 
 def _resolve_url(rctx, filename, sha256):
-    result = run_python_helper(rctx, "sparkseal.fetch.resolve", ["--sha256", sha256, filename])
+    """The file's URL (never with credentials) and the `auth` dict Bazel's download sends with it."""
+    result = run_python_helper(rctx, "sparkseal.fetch.resolve", ["--bazel-auth", "--sha256", sha256, filename])
     if result.return_code != 0:
-        message = result.stderr.strip() or result.stdout.strip()
-        fail("%s\n(while fetching @%s)" % (message, rctx.name))
-    return result.stdout.strip()
+        # stderr only: stdout would hold the credentials of a successful answer.
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), rctx.name))
+    answer = json.decode(result.stdout)
+    return answer["url"], answer["auth"]
 
 def from_repository_cache(rctx, filename, sha256, output, urls = []):
     """Try the repository cache alone, then `urls`; return whether `output` now holds the locked file.
@@ -65,9 +68,9 @@ def download_locked_file(rctx, filename, sha256, output, urls = []):
     if from_repository_cache(rctx, filename, sha256, output, urls):
         return
     rctx.report_progress("looking up %s in the package index" % filename)
-    url = _resolve_url(rctx, filename, sha256)
+    url, auth = _resolve_url(rctx, filename, sha256)
     rctx.report_progress("downloading %s" % filename)
-    if rctx.download([url], output, sha256 = sha256, allow_fail = True).success:
+    if rctx.download([url], output, sha256 = sha256, allow_fail = True, auth = auth).success:
         return
 
     # The verified download failed: tell a mismatch from an outage. Bazel will not fetch the same URL

@@ -14,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from sparkseal.core.wheels import normalize_name
+from sparkseal.fetch import credentials
 
 JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 60
@@ -100,30 +101,53 @@ def page_url(project: str, index: str) -> str:
 
 
 def list_files(project: str, index: str | None = None) -> ProjectPage:
-    """Fetch ``project``'s page from ``index`` (default: :func:`index_url`) and return the files it lists."""
-    url = page_url(project, index if index is not None else index_url())
+    """Fetch ``project``'s page from ``index`` (default: :func:`index_url`) and return the files it lists.
+
+    Credentials in the index URL (``user:password@``) or a netrc entry for its host are sent as basic
+    authentication; every message names the index with its credentials shown as ``***``.
+    """
+    index = index if index is not None else index_url()
+    try:
+        url = page_url(project, index)
+        req = credentials.request(url, index, headers={"Accept": JSON_CONTENT_TYPE})
+    except (ValueError, credentials.CredentialsError) as exc:
+        raise FetchError(f"index URL {credentials.redact(index)}: {exc}") from exc
+    shown = credentials.redact(url)
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("http", "https"):
-        raise FetchError(f"index URL {url}: scheme {scheme!r} is not supported (expected http or https)")
-    request = urllib.request.Request(url, headers={"Accept": JSON_CONTENT_TYPE})
+        raise FetchError(f"index URL {shown}: scheme {scheme!r} is not supported (expected http or https)")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as response:
             final_url = response.geturl()
             content_type = response.headers.get_content_type()
             body = response.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise FetchError(f"project page {url} not found on the index (HTTP 404)") from exc
-        raise FetchError(f"index answered HTTP {exc.code} {exc.reason} for {url}") from exc
+            raise FetchError(f"project page {shown} not found on the index (HTTP 404)") from exc
+        if exc.code in (401, 403):
+            raise FetchError(_refused(exc, shown, req.has_header("Authorization"), index)) from exc
+        raise FetchError(f"index answered HTTP {exc.code} {exc.reason} for {shown}") from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise FetchError(f"index unreachable: {url}: {reason}") from exc
+        raise FetchError(f"index unreachable: {shown}: {reason}") from exc
     if content_type != JSON_CONTENT_TYPE:
         raise FetchError(
-            f"index page {final_url} answered with content type {content_type!r}, "
+            f"index page {credentials.redact(final_url)} answered with content type {content_type!r}, "
             f"expected {JSON_CONTENT_TYPE!r}"
         )
     return ProjectPage(url=final_url, files=_parse_page(body, final_url))
+
+
+def _refused(error: urllib.error.HTTPError, shown: str, sent: bool, index: str) -> str:
+    """The message for a 401/403 answer: which index, and whether credentials were sent (never which)."""
+    host = urllib.parse.urlsplit(index).hostname or "?"
+    status = f"index answered HTTP {error.code} {error.reason} for {shown}"
+    if sent:
+        return f"{status}: the credentials sent were refused (check the password for {host})"
+    return (
+        f"{status}: the index needs credentials; give them in the index URL "
+        f"(https://USER:PASSWORD@{host}/...) or in a netrc entry for {host} (NETRC or ~/.netrc)"
+    )
 
 
 def _parse_page(body: bytes, url: str) -> tuple[IndexFile, ...]:

@@ -281,7 +281,7 @@ def locked_sdist(vllm_lock: Path, download_dir: Path, index: str | None) -> tupl
         ) from exc
     path = download_dir / filename
     if not (path.is_file() and sha256_of(path) == sha256):
-        path, _, _ = download(lookup(filename, index), download_dir)
+        path, _, _ = download(lookup(filename, index), download_dir, index)
     actual = sha256_of(path)
     if actual != sha256:
         raise LockError(f"{path}: sha256 {actual}, expected {sha256} (locked in {vllm_lock})")

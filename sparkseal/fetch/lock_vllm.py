@@ -183,7 +183,7 @@ def lock_vllm(
         if missing:
             raise LockError(f"{page.url} lists no sha256 for {', '.join(missing)}")
         print(f"index page: {page.url}")
-        sdist_path, sdist_sha256, reused = download(release.sdist, download_dir)
+        sdist_path, sdist_sha256, reused = download(release.sdist, download_dir, index)
         how = f"reused {sdist_path}" if reused else f"downloaded to {sdist_path}"
         listed = "" if release.sdist.sha256 else "; the index lists no sha256, this one is computed"
         print(f"sdist {release.sdist.filename} sha256 {sdist_sha256} ({how}{listed})")
