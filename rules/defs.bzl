@@ -13,6 +13,7 @@ load("//rules/private:platforms.bzl", _DEBIAN_ARCHITECTURES = "DEBIAN_ARCHITECTU
 load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
+load("//rules/private:secret_scanner.bzl", _secret_scanner = "secret_scanner")
 load("//rules/private:vllm_lock.bzl", _vllm_lock = "vllm_lock")
 load("//rules/private:vllm_tree.bzl", _vllm_patched_tree = "vllm_patched_tree", _vllm_source_tree = "vllm_source_tree")
 load("//rules/private:vllm_wheel.bzl", _vllm_wheel = "vllm_wheel")
@@ -36,6 +37,7 @@ provenance = _provenance
 pypi_file = _pypi_file
 python_lock = _python_lock
 sbom = _sbom
+secret_scanner = _secret_scanner
 sparkseal_image = _sparkseal_image
 sparkseal_pex = _sparkseal_pex
 vllm_lock = _vllm_lock

@@ -245,10 +245,14 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.core.catalogue import Catalogue, CatalogueError
     from sparkseal.core.scan import ScanInputError, render, run_scan
 
     try:
-        report = run_scan(args.paths, args.image, args.allow)
+        catalogue = Catalogue.find(args.scanner)
+        report = run_scan(args.paths, args.image, args.allow, catalogue=catalogue)
+    except CatalogueError as error:
+        parser.error(str(error))
     except ScanInputError as error:
         parser.error(str(error))
     print(render(report, args.json))
@@ -261,11 +265,13 @@ def _add_scan(commands: argparse._SubParsersAction) -> None:
     scan = commands.add_parser(
         "scan",
         help="scan the repository or an OCI image for secrets and private data",
-        description="Scan files for private keys, API tokens, passwords, private IPv4 addresses, home "
-        "directories and key files. Without PATHS and --image: the files of the git checkout in the "
-        "current directory (tracked and untracked-not-ignored; bazel-* and .git skipped). --image reads "
-        "every layer of an OCI layout directory, OCI archive or docker archive without extracting it. "
-        f"Rules: {', '.join(RULES)}. Findings are exit 1; each prints as file:line:rule with the match "
+        description="Scan files for private keys, API tokens and other vendor secrets (the maintained rule "
+        "catalogue of the Kingfisher scanner, from the hash-locked kingfisher-bin package), and for "
+        "passwords, private IPv4 addresses, home directories and key files (our own rules). Without PATHS "
+        "and --image: the files of the git checkout in the current directory (tracked and "
+        "untracked-not-ignored; bazel-* and .git skipped). --image reads every layer of an OCI layout "
+        "directory, OCI archive or docker archive. "
+        f"Our rules: {', '.join(RULES)}. Findings are exit 1; each prints as file:line:rule with the match "
         "redacted.",
     )
     scan.add_argument("paths", nargs="*", type=Path, metavar="PATHS", help="files or directories to scan")
@@ -275,6 +281,12 @@ def _add_scan(commands: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         help=f"allow-list JSON (default: {DEFAULT_ALLOW} of the current directory, when present)",
+    )
+    scan.add_argument(
+        "--scanner",
+        type=Path,
+        default=None,
+        help="the kingfisher binary (default: $SPARKSEAL_SCANNER, else the installed kingfisher-bin package)",
     )
     scan.add_argument("--json", action="store_true", help="print a JSON report")
     scan.set_defaults(handler=_scan, parser=scan)

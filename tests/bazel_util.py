@@ -18,6 +18,7 @@ FIXTURE_COPIES = (
     "rules",
     "sparkseal",
     "third_party/bazel",
+    "third_party/scan",
     "third_party/vllm/BUILD",
     "patches/vllm/BUILD",
     "overlay/vllm/BUILD",
@@ -27,8 +28,32 @@ FIXTURE_COPIES = (
 
 _SUMMARY = re.compile(r"^INFO: \d+ process(?:es)?(?:: (.*))?\.$", re.MULTILINE)
 
-# The offline stand-ins and the host Python toolchain: enough for rules that need no locked download.
-MINIMAL_WORKSPACE = """\
+
+def _venv_scanner() -> str:
+    """The kingfisher binary of the test venv (hash-locked at the version scanner.lock.json pins), so that
+    fixture workspaces need not download it; empty when it is not installed (the rule then downloads)."""
+    try:
+        import kingfisher  # type: ignore[import-untyped]
+    except ImportError:
+        return ""
+    return str(kingfisher.get_binary_path())
+
+
+# The secret scanner of oci_layer's scan, for fixture workspaces (the rule checks its locked version).
+SCANNER_WORKSPACE = f"""
+load("//rules:defs.bzl", "secret_scanner")
+
+secret_scanner(
+    name = "secret_scanner",
+    lock = "//third_party/scan:scanner.lock.json",
+    local_binary = {_venv_scanner()!r},
+)
+"""
+
+# The offline stand-ins, the host Python toolchain and the secret scanner: enough for rules that need no
+# locked download.
+MINIMAL_WORKSPACE = (
+    """\
 workspace(name = "sparkseal")
 
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
@@ -36,6 +61,8 @@ local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
 register_toolchains("//third_party/bazel/python:python3_toolchain")
 """
+    + SCANNER_WORKSPACE
+)
 
 FIXTURE_WORKSPACE = (
     MINIMAL_WORKSPACE

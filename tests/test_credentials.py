@@ -193,13 +193,17 @@ def test_credentials_helper_for_mirror_urls(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     netrc = tmp_path / "netrc"
-    netrc.write_text("machine mirror.internal login apt password aptpw\n")
+    mirror_secret = "mirror-" + secrets.token_hex(4)
+    netrc.write_text(f"machine mirror.internal login apt password {mirror_secret}\n")
     monkeypatch.setenv("NETRC", str(netrc))
     monkeypatch.setenv("PIP_INDEX_URL", "https://index.internal/simple")
     urls = ["https://mirror.internal/pool/a.deb", "https://x:y@other.internal/pool/b.deb"]
     assert credentials.main(urls) == 0
     assert json.loads(capsys.readouterr().out) == {
-        urls[0]: {"url": urls[0], "auth": {urls[0]: {"type": "basic", "login": "apt", "password": "aptpw"}}},
+        urls[0]: {
+            "url": urls[0],
+            "auth": {urls[0]: {"type": "basic", "login": "apt", "password": mirror_secret}},
+        },
         urls[1]: {
             "url": "https://other.internal/pool/b.deb",
             "auth": {"https://other.internal/pool/b.deb": {"type": "basic", "login": "x", "password": "y"}},

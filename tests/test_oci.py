@@ -20,7 +20,7 @@ from sparkseal.actions import oci_image as oci
 from sparkseal.actions import oci_layer as layer
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.platforms import PLATFORMS, oci_platform
-from tests.bazel_util import BAZEL, REPO, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
 
 SCRIPT = b"#!/bin/sh\necho tool\n"
 TAG = "sparkseal/fixture:test"
@@ -356,14 +356,7 @@ def test_podman_loads_the_docker_archive(tmp_path: Path) -> None:
 
 # --- Bazel: the rules on a fixture workspace -----------------------------------------------------------
 
-BAZEL_WORKSPACE = """\
-workspace(name = "sparkseal")
-
-local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
-local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
-local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-register_toolchains("//third_party/bazel/python:python3_toolchain")
-"""
+BAZEL_WORKSPACE = MINIMAL_WORKSPACE
 
 TREE_BZL = """\
 def _fixture_tree_impl(ctx):

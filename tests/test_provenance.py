@@ -15,7 +15,7 @@ import pytest
 from sparkseal import cli
 from sparkseal.actions import provenance, sbom
 from sparkseal.actions.sparkseal_pex import tree_digest
-from tests.bazel_util import BAZEL, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
 from tests.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
 
 TAG = "sparkseal/vllm:0.25.1-linux_aarch64"
@@ -475,14 +475,7 @@ def test_check_help_documents_the_lookup(capsys: pytest.CaptureFixture[str]) -> 
 
 # --- the rules, on a fixture workspace ---
 
-FIXTURE_WORKSPACE = """\
-workspace(name = "sparkseal")
-
-local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
-local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
-local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-register_toolchains("//third_party/bazel/python:python3_toolchain")
-"""
+FIXTURE_WORKSPACE = MINIMAL_WORKSPACE
 
 # A stand-in for sparkseal_pex: a packed-layout-like tree and its digest, computed with coreutils as
 # sparkseal/core/manifest.py says an auditor can.

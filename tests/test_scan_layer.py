@@ -12,14 +12,18 @@ from pathlib import Path
 import pytest
 
 from sparkseal.actions import oci_layer_scan as scan_layer
+from sparkseal.core.catalogue import Catalogue
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
-from tests.test_scan import AWS, HOME
+from tests.test_scan import HF, HOME
 from tests.test_scan import _layer as layer_bytes
 
 
 def _layer(path: Path, files: dict[str, bytes]) -> Path:
     path.write_bytes(layer_bytes(files))
     return path
+
+
+SCANNER = Catalogue.find()
 
 
 def _allow(path: Path, *entries: tuple[str, str]) -> Path:
@@ -31,23 +35,26 @@ def _allow(path: Path, *entries: tuple[str, str]) -> Path:
 def test_a_clean_layer_gets_a_report(tmp_path: Path) -> None:
     blob = _layer(tmp_path / "layer.tar.gz", {"etc/motd": b"hello\n", "opt/app/main.py": b"print(1)\n"})
     report = tmp_path / "report.json"
-    assert scan_layer.main(["--blob", str(blob), "--layer", "//:layer_app", "--report", str(report)]) == 0
+    args = ["--blob", str(blob), "--layer", "//:layer_app", "--scanner", str(SCANNER.binary)]
+    assert scan_layer.main([*args, "--report", str(report)]) == 0
     assert json.loads(report.read_text()) == {
         "allowed": 0,
         "files": 2,
         "findings": 0,
         "layer": "//:layer_app",
+        "scanner": {"name": "kingfisher", "rules": len(SCANNER.rules), "version": "2.14.0"},
     }
 
 
 def test_a_finding_fails_and_writes_no_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blob = _layer(tmp_path / "layer.tar.gz", {"etc/app.conf": f"key = {AWS}\n".encode(), "etc/ok": b"x\n"})
+    blob = _layer(tmp_path / "layer.tar.gz", {"etc/app.conf": f"key = {HF}\n".encode(), "etc/ok": b"x\n"})
     report = tmp_path / "report.json"
-    assert scan_layer.main(["--blob", str(blob), "--layer", "//:layer_app", "--report", str(report)]) == 1
+    args = ["--blob", str(blob), "--layer", "//:layer_app", "--scanner", str(SCANNER.binary)]
+    assert scan_layer.main([*args, "--report", str(report)]) == 1
     err = capsys.readouterr().err
     assert "scan_layer: layer //:layer_app: expected no findings, found 1 (allow-list: no allow-list;" in err
-    assert "  //:layer_app:etc/app.conf:1:aws-access-key: AKIA" in err
-    assert AWS not in err
+    assert "  //:layer_app:etc/app.conf:1:betterleaks.huggingface-access-token: hf_q***(37 chars)" in err
+    assert HF not in err
     assert not report.exists()
 
 
@@ -57,6 +64,7 @@ def test_the_allow_list_covers_upstream_files_by_image_path(tmp_path: Path) -> N
     allow = _allow(tmp_path / "allow.json", ("opt/venv/lib/*/doc.py", "home-path"))
     report = tmp_path / "report.json"
     args = ["--blob", str(blob), "--layer", "//:l", "--allow", str(allow), "--report", str(report)]
+    args += ["--scanner", str(SCANNER.binary)]
     assert scan_layer.main(args) == 0
     assert json.loads(report.read_text())["allowed"] == 1
 
@@ -66,17 +74,16 @@ def test_a_bad_allow_list_or_blob_is_named(tmp_path: Path, capsys: pytest.Captur
     bad = tmp_path / "allow.json"
     bad.write_text(json.dumps({"allow": [{"path": "x", "rule": "home-path", "reason": ""}]}))
     out = tmp_path / "r.json"
-    assert (
-        scan_layer.main(["--blob", str(blob), "--layer", "//:l", "--allow", str(bad), "--report", str(out)])
-        == 1
-    )
+    args = ["--blob", str(blob), "--layer", "//:l", "--allow", str(bad), "--report", str(out)]
+    assert scan_layer.main([*args, "--scanner", str(SCANNER.binary)]) == 1
     assert (
         f"{bad}: allow[0]: expected a reason for allowing home-path in x, found none"
         in capsys.readouterr().err
     )
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not a tar")
-    assert scan_layer.main(["--blob", str(junk), "--layer", "//:l", "--report", str(out)]) == 1
+    args = ["--blob", str(junk), "--layer", "//:l", "--report", str(out), "--scanner", str(SCANNER.binary)]
+    assert scan_layer.main(args) == 1
     assert f"scan_layer: {junk}: " in capsys.readouterr().err
     assert not out.exists()
 
@@ -99,7 +106,7 @@ def workspace(tmp_path: Path) -> Iterator[Workspace]:
     root = tmp_path / "ws"
     root.mkdir()
     make_fixture_workspace(root, MINIMAL_WORKSPACE)
-    (root / "BUILD").write_text(BUILD.format(secret=AWS))
+    (root / "BUILD").write_text(BUILD.format(secret=HF))
     _allow(root / "allow.json")
     ws = Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
     yield ws
@@ -111,10 +118,19 @@ def test_the_image_build_fails_on_a_secret_in_a_layer(workspace: Workspace) -> N
     failed = workspace.bazel("build", "//:image")
     assert failed.returncode == 1, failed.output
     assert "Scanning image layer //:layer_conf for secrets failed" in failed.output
-    assert "//:layer_conf:etc/app.conf:1:aws-access-key: AKIA" in failed.output
-    assert AWS not in failed.output
-    _allow(workspace.root / "allow.json", ("etc/app.conf", "aws-access-key"))
+    assert (
+        "//:layer_conf:etc/app.conf:1:betterleaks.huggingface-access-token: hf_q***(37 chars)"
+        in failed.output
+    )
+    assert HF not in failed.output
+    _allow(workspace.root / "allow.json", ("etc/app.conf", "betterleaks.huggingface-access-token"))
     passed = workspace.bazel("build", "//:image")
     assert passed.returncode == 0, passed.output
     report = json.loads(workspace.bin_path("layer_conf.scan.json").read_text())
-    assert report == {"allowed": 1, "files": 1, "findings": 0, "layer": "//:layer_conf"}
+    assert report == {
+        "allowed": 1,
+        "files": 1,
+        "findings": 0,
+        "layer": "//:layer_conf",
+        "scanner": {"name": "kingfisher", "rules": len(SCANNER.rules), "version": "2.14.0"},
+    }

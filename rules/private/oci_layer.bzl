@@ -95,6 +95,7 @@ def _scan(ctx, blob):
     report = ctx.actions.declare_file(ctx.label.name + ".scan.json")
     args = ctx.actions.args()
     args.add_all(["--blob", blob, "--layer", label_string(ctx.label), "--report", report])
+    args.add("--scanner", ctx.executable._scanner)
     inputs = [blob]
     if ctx.file.scan_allow:
         args.add("--allow", ctx.file.scan_allow)
@@ -103,6 +104,7 @@ def _scan(ctx, blob):
         executable = ctx.executable._scan_tool,
         arguments = [args],
         inputs = inputs,
+        tools = [ctx.executable._scanner],
         outputs = [report],
         env = ACTION_ENV,
         mnemonic = "OciLayerScan",
@@ -142,7 +144,8 @@ and owner) or `directories`.""",
         "keep_tar": attr.bool(doc = "Also write `name.tar`, the uncompressed layer (for inspection)."),
         "scan": attr.bool(
             default = True,
-            doc = "Scan the layer for secrets and private data (`sparkseal scan` rules); a finding fails the build.",
+            doc = "Scan the layer for secrets and private data (`sparkseal scan` rules: ours and the locked " +
+                  "Kingfisher catalogue's); a finding fails the build.",
         ),
         "scan_allow": attr.label(
             allow_single_file = [".json"],
@@ -150,5 +153,12 @@ and owner) or `directories`.""",
         ),
         "_tool": tool("//sparkseal/actions:oci_layer"),
         "_scan_tool": tool("//sparkseal/actions:oci_layer_scan"),
+        # The maintained rule catalogue (Kingfisher), locked in //third_party/scan:scanner.lock.json.
+        "_scanner": attr.label(
+            default = Label("@secret_scanner//:kingfisher"),
+            executable = True,
+            allow_single_file = True,
+            cfg = "exec",
+        ),
     },
 )

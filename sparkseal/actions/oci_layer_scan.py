@@ -1,8 +1,9 @@
 """Action: the secret and private-data scan of one image layer, run by the image build.
 
-``scan_layer --blob LAYER.tar.gz --layer LABEL --allow ALLOW.json --report OUT.json`` streams the layer
-tar through ``sparkseal.core.scan`` (the rules of ``sparkseal scan``), drops the findings the allow-list
-covers, and writes a small JSON report. Any finding left fails the action, and with it the image: the
+``scan_layer --blob LAYER.tar.gz --layer LABEL --scanner KINGFISHER --allow ALLOW.json --report OUT.json``
+streams the layer tar through ``sparkseal.core.scan`` (the rules of ``sparkseal scan``: ours and the locked
+Kingfisher catalogue's), drops the findings the allow-list covers, and writes a small JSON report that
+names the scanner and its version. Any finding left fails the action, and with it the image: the
 findings are printed (redacted, as ``sparkseal scan`` prints them) and no report is written, so Bazel caches
 nothing for a layer that leaks.
 
@@ -19,6 +20,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from sparkseal.core.catalogue import Catalogue, CatalogueError
 from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_layer_stream
 
 
@@ -27,14 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blob", type=Path, required=True, help="layer tar, compressed or not")
     parser.add_argument("--layer", required=True, help="name of the layer in messages (its label)")
+    parser.add_argument("--scanner", type=Path, required=True, help="the locked kingfisher binary")
     parser.add_argument("--allow", type=Path, help="allow-list JSON (none: every finding fails)")
     parser.add_argument("--report", type=Path, required=True, help="JSON report to write when clean")
     args = parser.parse_args(argv)
     try:
-        allow = load_allowlist(args.allow) if args.allow else []
+        catalogue = Catalogue(args.scanner)
+        scanner = catalogue.describe()
+        allow = load_allowlist(args.allow, catalogue) if args.allow else []
         with open(args.blob, "rb") as stream:
-            files, findings = scan_layer_stream(stream, args.layer)
-    except (ScanInputError, OSError, tarfile.TarError) as error:
+            files, findings = scan_layer_stream(stream, args.layer, catalogue)
+    except (CatalogueError, ScanInputError, OSError, tarfile.TarError) as error:
         print(f"scan_layer: {args.blob}: {error}", file=sys.stderr)
         return 1
     report = apply_allowlist(findings, allow)
@@ -49,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    summary = {"allowed": len(report.allowed), "files": files, "findings": 0, "layer": args.layer}
+    summary = {
+        "allowed": len(report.allowed),
+        "files": files,
+        "findings": 0,
+        "layer": args.layer,
+        "scanner": scanner,
+    }
     args.report.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="ascii")
     return 0
 

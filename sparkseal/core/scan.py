@@ -1,21 +1,24 @@
 """Secret and private-data scan of the repository and of every layer of an OCI image.
 
-Content rules run over each file's bytes (text and binary alike: build paths and keys leak into shared
-objects too), line by line; name rules look at file names. Each finding is reported as
+Two rule sets run over each file's bytes (text and binary alike: build paths and keys leak into shared
+objects too). Vendor secrets (tokens, keys, private keys, JWTs) are the maintained catalogue's
+(``sparkseal.core.catalogue``: Kingfisher, from a hash-locked package), so no token format is kept by
+hand here. The rules below cover what no catalogue knows: private data (private addresses, people's home
+directories), password and generic key assignments, and key files by name. Each finding is reported as
 ``path:line:rule: <redacted match>``; the secret itself is never printed.
 
-Rules keep false positives low: token rules need the vendor's exact prefix and length, the generic key
-rule needs a high-entropy value with letters and digits, a password needs a literal value (unquoted only
-in configuration files), a private IPv4 address needs four octets that are not part of a longer dotted
-number or a CIDR range and that name a host (not ``.0`` or ``.255``), a home directory needs a user name
-that is not a documentation placeholder. ``/root`` is not reported: it names no person.
+Our rules keep false positives low: the generic key rule needs a high-entropy value with letters and
+digits, a password needs a literal value (unquoted only in configuration files), a private IPv4 address
+needs four octets that are not part of a longer dotted number or a CIDR range and that name a host (not
+``.0`` or ``.255``), a home directory needs a user name that is not a documentation placeholder.
+``/root`` is not reported: it names no person.
 
 The allow-list (``.sparkseal-scan-allow.json`` at the repository root, or ``--allow``) is a JSON object
 ``{"allow": [{"path": GLOB, "rule": RULE, "reason": TEXT}, ...]}``; ``GLOB`` is matched with
-``fnmatch`` against the repository path or the path inside the image, ``RULE`` must be a rule id, and an
-entry without a reason is a usage error. It lives at the repository root, beside ``.gitignore``, rather
-than inside the ``sparkseal`` package: it is policy about this repository's files, and the package ships
-in the image where the list would mean nothing.
+``fnmatch`` against the repository path or the path inside the image, ``RULE`` must be a rule id (ours or
+the catalogue's, e.g. ``betterleaks.jwt``), and an entry without a reason is a usage error. It lives at
+the repository root, beside ``.gitignore``, rather than inside the ``sparkseal`` package: it is policy
+about this repository's files, and the package ships in the image where the list would mean nothing.
 """
 
 from __future__ import annotations
@@ -25,18 +28,26 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from sparkseal.core.catalogue import Catalogue, CatalogueError
+
 DEFAULT_ALLOW = Path(".sparkseal-scan-allow.json")
 SKIP_DIRS = {".git"}
 _CHUNK = 1 << 20
 _MAX_LINE = 1 << 20  # a longer line (minified or binary data) is scanned in pieces of this size
+# Layer members are written to scratch space and handed to the catalogue in batches of about this many
+# bytes: one scanner start per batch, and scratch space bounded even for the torch layer.
+_BATCH_BYTES = 1 << 30
+_ARGS_PER_RUN = 2000  # files named on one scanner command line (well below the kernel's argument limit)
 
 
 class ScanInputError(Exception):
@@ -77,6 +88,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     allowed: list[Finding] = field(default_factory=list)
     unused_allow: list[AllowEntry] = field(default_factory=list)
+    scanner: dict[str, object] = field(default_factory=dict)  # the catalogue's name, version, rule count
 
     @property
     def clean(self) -> bool:
@@ -155,14 +167,6 @@ def _person_home(match: re.Match[bytes]) -> bool:
     return match.group("user").lower() not in _PLACEHOLDER_USERS
 
 
-def _first(n: int) -> Callable[[re.Match[bytes]], str]:
-    def redact(match: re.Match[bytes]) -> str:
-        text = match.group(0).decode("latin-1")
-        return f"{text[:n]}***({len(text)} chars)"
-
-    return redact
-
-
 def _redact_value(match: re.Match[bytes]) -> str:
     value = match.group("value").decode("latin-1")
     return f"{match.group('key').decode('latin-1')}=***({len(value)} chars)"
@@ -197,44 +201,6 @@ class Rule:
 _CONFIG_SUFFIXES = {".env", ".ini", ".cfg", ".conf", ".yaml", ".yml", ".properties", ".toml"}
 
 CONTENT_RULES = (
-    Rule(
-        "private-key",
-        "PEM private key block",
-        re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"),
-        lambda m: m.group(0).decode(),
-        (b"PRIVATE KEY",),
-    ),
-    Rule(
-        "aws-access-key",
-        "AWS access key id (AKIA/ASIA...)",
-        re.compile(rb"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"),
-        _first(4),
-        (b"AKIA", b"ASIA"),
-        lambda m: not m.group(0).endswith(b"EXAMPLE"),
-    ),
-    Rule(
-        "github-token",
-        "GitHub token (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_)",
-        re.compile(
-            rb"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{22,255})(?![A-Za-z0-9_])"
-        ),
-        _first(4),
-        (b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_", b"github_pat_"),
-    ),
-    Rule(
-        "slack-token",
-        "Slack token (xoxb-, xoxp-, ...)",
-        re.compile(rb"(?<![A-Za-z0-9])xox[abposr]-[0-9A-Za-z]{8,}(?:-[0-9A-Za-z]{4,})+"),
-        _first(5),
-        (b"xox",),
-    ),
-    Rule(
-        "google-api-key",
-        "Google API key (AIza...)",
-        re.compile(rb"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])"),
-        _first(4),
-        (b"AIza",),
-    ),
     Rule(
         "generic-api-key",
         "api_key / secret_key assigned a high-entropy literal",
@@ -383,8 +349,11 @@ def scan_stream(path: str, stream: IO[bytes], layer: str | None = None) -> list[
     return sorted(findings, key=lambda f: (f.line or 0, f.rule))
 
 
-def load_allowlist(path: Path) -> list[AllowEntry]:
-    """Read and check an allow-list; every problem is a :class:`ScanInputError` naming the entry."""
+def load_allowlist(path: Path, catalogue: Catalogue | None = None) -> list[AllowEntry]:
+    """Read and check an allow-list; every problem is a :class:`ScanInputError` naming the entry.
+
+    A rule id must be one of ours or one of ``catalogue``'s.
+    """
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as error:
@@ -411,14 +380,35 @@ def load_allowlist(path: Path) -> list[AllowEntry]:
             raise ScanInputError(
                 f"{where}: expected a reason for allowing {entry['rule']} in {entry['path']}, found none"
             )
-        if entry["rule"] not in RULES:
+        if entry["rule"] not in RULES and (
+            catalogue is None or entry["rule"] not in _catalogue_rules(catalogue)
+        ):
+            theirs = f" or of the catalogue ({catalogue.binary} rules list)" if catalogue else ""
             raise ScanInputError(
-                f"{where}: expected a rule among {', '.join(RULES)}, found {entry['rule']!r}"
+                f"{where}: expected a rule among {', '.join(RULES)}{theirs}, found {entry['rule']!r}"
             )
         if not entry["path"].strip():
             raise ScanInputError(f"{where}: expected a path glob, found an empty one")
         entries.append(AllowEntry(entry["path"], entry["rule"], entry["reason"].strip()))
     return entries
+
+
+def _catalogue_rules(catalogue: Catalogue) -> dict[str, str]:
+    try:
+        return catalogue.rules
+    except CatalogueError as error:
+        raise ScanInputError(str(error)) from error
+
+
+def scan_with_catalogue(
+    catalogue: Catalogue, targets: list[Path], names: dict[str, str], layer: str | None = None
+) -> list[Finding]:
+    """The catalogue's findings in ``targets``, named by ``names`` (see :meth:`Catalogue.scan`)."""
+    try:
+        found = catalogue.scan(targets, names)
+    except CatalogueError as error:
+        raise ScanInputError(str(error)) from error
+    return [Finding(f.path, f.line, f.rule, f.match, layer) for f in found]
 
 
 def _apply_allowlist(report: Report, findings: list[Finding], allow: list[AllowEntry]) -> None:
@@ -557,22 +547,47 @@ def _member_path(name: str) -> str:
     return name.removeprefix("./").lstrip("/")
 
 
-def scan_layer_stream(stream: IO[bytes], layer: str) -> tuple[int, list[Finding]]:
-    """Scan every regular file of one layer tar (any compression), streamed; return (files, findings)."""
+def scan_layer_stream(stream: IO[bytes], layer: str, catalogue: Catalogue) -> tuple[int, list[Finding]]:
+    """Scan every regular file of one layer tar (any compression), streamed; return (files, findings).
+
+    Our rules read each member as it streams by; the catalogue reads copies in scratch space, one batch
+    of about ``_BATCH_BYTES`` at a time, each member at ``NNNNNN/<its file name>`` (so that no member
+    path can collide with another or leave the scratch directory).
+    """
     files, findings = 0, []
-    with tarfile.open(fileobj=stream, mode="r|*") as tar:
-        for member in tar:
-            name = _member_path(member.name)
-            if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):
-                continue
-            content = tar.extractfile(member)
-            assert content is not None  # a regular member always has content
-            files += 1
-            findings.extend(scan_stream(name, content, layer))
-    return files, findings
+    with tempfile.TemporaryDirectory(prefix="sparkseal-layer-scan-") as scratch:
+        batch, names, size = Path(scratch) / "batch", {}, 0
+
+        def flush() -> None:
+            nonlocal names, size
+            if names:
+                findings.extend(scan_with_catalogue(catalogue, [batch], names, layer))
+            shutil.rmtree(batch, ignore_errors=True)
+            names, size = {}, 0
+
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                name = _member_path(member.name)
+                if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):
+                    continue
+                content = tar.extractfile(member)
+                assert content is not None  # a regular member always has content
+                files += 1
+                copy = batch / f"{files:06d}" / (PurePosixPath(name).name or "member")
+                copy.parent.mkdir(parents=True)
+                with open(copy, "wb") as out:
+                    shutil.copyfileobj(content, out, _CHUNK)
+                with open(copy, "rb") as again:
+                    findings.extend(scan_stream(name, again, layer))
+                names[str(copy.resolve())] = name
+                size += member.size
+                if size >= _BATCH_BYTES:
+                    flush()
+        flush()
+    return files, sorted(findings, key=lambda f: (f.path, f.line or 0, f.rule))
 
 
-def scan_image(path: Path) -> tuple[int, list[Finding]]:
+def scan_image(path: Path, catalogue: Catalogue) -> tuple[int, list[Finding]]:
     """Scan every regular file of every layer, streaming the tars; return (files scanned, findings)."""
     source = _Source(path)
     files, findings = 0, []
@@ -581,7 +596,7 @@ def scan_image(path: Path) -> tuple[int, list[Finding]]:
             short = layer_id[:19] if layer_id.startswith("sha256:") else layer_id
             with source.open(blob) as stream:
                 try:
-                    layer_files, layer_findings = scan_layer_stream(stream, short)
+                    layer_files, layer_findings = scan_layer_stream(stream, short, catalogue)
                 except tarfile.TarError as error:
                     raise ScanInputError(
                         f"{path}: layer {layer_id} is not a readable tar: {error}"
@@ -600,30 +615,47 @@ def apply_allowlist(findings: list[Finding], allow: list[AllowEntry]) -> Report:
     return report
 
 
-def run_scan(paths: list[Path], image: Path | None, allow: Path | None, root: Path | None = None) -> Report:
-    """Scan ``paths`` (or the git checkout at ``root``, default the current directory) and ``image``."""
+def run_scan(
+    paths: list[Path],
+    image: Path | None,
+    allow: Path | None,
+    root: Path | None = None,
+    catalogue: Catalogue | None = None,
+) -> Report:
+    """Scan ``paths`` (or the git checkout at ``root``, default the current directory) and ``image``.
+
+    ``catalogue`` defaults to :meth:`Catalogue.find` (the installed, locked scanner).
+    """
     root = root or Path.cwd()
+    try:
+        catalogue = catalogue or Catalogue.find()
+        scanner = catalogue.describe()
+    except CatalogueError as error:
+        raise ScanInputError(str(error)) from error
     if allow is None and (root / DEFAULT_ALLOW).is_file():
         allow = root / DEFAULT_ALLOW
-    entries = load_allowlist(allow) if allow is not None else []
+    entries = load_allowlist(allow, catalogue) if allow is not None else []
     findings: list[Finding] = []
-    report = Report()
+    report = Report(scanner=scanner)
     if image is not None and not image.exists():
         raise ScanInputError(f"--image {image}: no such file or directory")
+    files: list[tuple[str, Path]] = []
     if paths:
-        for path in paths:
-            for file in _walk(path):
-                with open(file, "rb") as stream:
-                    findings.extend(scan_stream(file.as_posix(), stream))
-                report.files += 1
+        files = [(file.as_posix(), file) for path in paths for file in _walk(path)]
     elif image is None:
-        for name in repository_files(root):
-            with open(root / name, "rb") as stream:
-                findings.extend(scan_stream(name, stream))
-            report.files += 1
+        files = [(name, root / name) for name in repository_files(root)]
+    for name, file in files:
+        with open(file, "rb") as stream:
+            findings.extend(scan_stream(name, stream))
+    report.files += len(files)
+    for start in range(0, len(files), _ARGS_PER_RUN):
+        part = files[start : start + _ARGS_PER_RUN]
+        names = {str(file.resolve()): name for name, file in part}
+        findings.extend(scan_with_catalogue(catalogue, [file for _, file in part], names))
+    findings.sort(key=lambda f: (f.path, f.line or 0, f.rule))
     if image is not None:
-        files, image_findings = scan_image(image)
-        report.files += files
+        image_files, image_findings = scan_image(image, catalogue)
+        report.files += image_files
         findings.extend(image_findings)
     _apply_allowlist(report, findings, entries)
     return report
@@ -638,6 +670,7 @@ def render(report: Report, as_json: bool) -> str:
                 "files": report.files,
                 "findings": [asdict(f) for f in report.findings],
                 "allowed": len(report.allowed),
+                "scanner": report.scanner,
                 "unused_allow": [asdict(e) for e in report.unused_allow],
             },
             indent=2,
@@ -647,5 +680,7 @@ def render(report: Report, as_json: bool) -> str:
     lines.extend(f"note: allow-list entry {e.path} {e.rule} matched nothing" for e in report.unused_allow)
     summary = (
         f"{report.files} files scanned, {len(report.findings)} finding(s), {len(report.allowed)} allowed"
+        f" (rules: {len(RULES)} of sparkseal, {report.scanner.get('rules', 0)} of "
+        f"{report.scanner.get('name', '?')} {report.scanner.get('version', '?')})"
     )
     return "\n".join([*lines, summary])

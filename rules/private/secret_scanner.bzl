@@ -1,0 +1,86 @@
+"""`secret_scanner`: the Kingfisher binary whose maintained rule catalogue scans every image layer.
+
+WORKSPACE use::
+
+    secret_scanner(name = "secret_scanner", lock = "//third_party/scan:scanner.lock.json")
+
+The lock (`python3 -m sparkseal.fetch.lock_wheels --set scanner` writes it) names the `kingfisher-bin`
+wheel of each build host; the one of this host is fetched by filename and sha256 through
+`download_locked_file` and its binary unpacked. `local_binary` uses a binary already on the machine
+instead (test workspaces pass the one of the hash-locked test venv); its version must be the locked one.
+
+Targets: `:kingfisher` (the executable) and `:scanner.json` (name, version, wheel filename and sha256,
+for the provenance).
+"""
+
+load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
+
+_PROJECT = "kingfisher-bin"
+_HOSTS = {"x86_64": "linux_x86_64", "aarch64": "linux_aarch64"}
+
+def _host_platform(rctx):
+    uname = rctx.execute(["uname", "-m"])
+    arch = uname.stdout.strip()
+    if not rctx.os.name.lower().startswith("linux") or uname.return_code != 0 or arch not in _HOSTS:
+        fail("sparkseal: secret_scanner %s: expected a Linux host of %s, got os %r, arch %r" % (
+            rctx.name,
+            ", ".join(sorted(_HOSTS)),
+            rctx.os.name,
+            arch,
+        ))
+    return _HOSTS[arch]
+
+def _secret_scanner_impl(rctx):
+    lock = json.decode(rctx.read(rctx.attr.lock))
+    pinned = lock.get("wheels", {}).get(_PROJECT, {})
+    platform = _host_platform(rctx)
+    entry = pinned.get("files", {}).get(platform)
+    if type(entry) != "dict" or type(pinned.get("version")) != "string":
+        fail("sparkseal: %s: expected wheels.%s.version and wheels.%s.files.%s.{filename,sha256}, got %r" % (
+            rctx.attr.lock,
+            _PROJECT,
+            _PROJECT,
+            platform,
+            pinned,
+        ))
+    if rctx.attr.local_binary:
+        rctx.symlink(rctx.attr.local_binary, "kingfisher")
+    else:
+        archive = "_wheel/%s.zip" % entry["filename"]
+        download_locked_file(rctx, entry["filename"], entry["sha256"], archive)
+        rctx.extract(archive, output = "_unpacked")
+        rctx.symlink("_unpacked/kingfisher/bin/kingfisher", "kingfisher")
+        rctx.delete(archive)
+    found = rctx.execute(["./kingfisher", "--version"])
+    if found.return_code != 0 or found.stdout.strip() != "kingfisher " + pinned["version"]:
+        fail("sparkseal: secret_scanner %s: expected 'kingfisher %s' (locked in %s), got %r" % (
+            rctx.name,
+            pinned["version"],
+            rctx.attr.lock,
+            (found.stdout + found.stderr).strip(),
+        ))
+    record = {
+        "filename": entry["filename"],
+        "name": "kingfisher",
+        "project": _PROJECT,
+        "sha256": entry["sha256"],
+        "version": pinned["version"],
+    }
+    rctx.file("scanner.json", json.encode_indent(record, indent = "  ") + "\n")
+    rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
+    rctx.file("BUILD", "\n".join([
+        'package(default_visibility = ["//visibility:public"])',
+        "",
+        'exports_files(["kingfisher", "scanner.json"])',
+        "",
+    ]))
+
+secret_scanner = repository_rule(
+    implementation = _secret_scanner_impl,
+    doc = "The locked Kingfisher secret scanner for this build host: `:kingfisher`, `:scanner.json`.",
+    attrs = {
+        "lock": attr.label(mandatory = True, allow_single_file = [".json"], doc = "scanner.lock.json"),
+        "local_binary": attr.string(doc = "Absolute path of a kingfisher binary of the locked version (tests)."),
+    },
+    environ = INDEX_ENVIRON,
+)
