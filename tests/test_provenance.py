@@ -19,6 +19,7 @@ from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make
 from tests.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
 
 TAG = "sparkseal/vllm:0.25.1-linux_aarch64"
+SCANNER_LOCK = Path(__file__).resolve().parents[1] / "third_party/scan/scanner.lock.json"
 
 
 def _sha(data: bytes) -> str:
@@ -88,6 +89,7 @@ def provenance_args(build: Build, out: Path) -> list[str]:
         "--tools-lock", str(inputs.tools_lock),
         "--debian-lock", str(inputs.debian_lock),
         "--cuda-lock", str(inputs.cuda_lock),
+        "--scanner-lock", str(SCANNER_LOCK),
         "--built-wheel", str(inputs.vllm_wheel),
         "--built-wheel", str(inputs.sparkseal_wheel),
         "--subject", "oci-image", build.layout.name, str(build.bin / "image_linux_aarch64.digest"),
@@ -186,6 +188,7 @@ def test_predicate(build: Build) -> None:
             "deb",
             "toolchain",
             "build-tool",
+            "secret-scanner",
         ]
     )
     assert by_role["vllm-source"] == [
@@ -223,6 +226,15 @@ def test_predicate(build: Build) -> None:
     assert nvcc["annotations"] == {"role": "toolchain", "platform": "linux_x86_64"}
     assert nvcc["uri"].startswith("pkg:pypi/nvidia-cuda-nvcc@13.0.88?")
     assert [d["name"] for d in by_role["build-tool"]] == ["pex-2.105.2-py3-none-any.whl"]
+    scanner = json.loads(SCANNER_LOCK.read_text())["wheels"]["kingfisher-bin"]
+    assert [(d["name"], d["digest"]["sha256"], d["annotations"]) for d in by_role["secret-scanner"]] == [
+        (file["filename"], file["sha256"], {"role": "secret-scanner", "platform": key})
+        for key, file in sorted(scanner["files"].items())
+    ]
+    assert all(
+        d["uri"].startswith(f"pkg:pypi/kingfisher-bin@{scanner['version']}?")
+        for d in by_role["secret-scanner"]
+    )
 
     run = predicate["runDetails"]
     assert run["builder"] == {

@@ -29,6 +29,8 @@ def _provenance_impl(ctx):
     args.add("--tools-lock", ctx.file.tools_lock)
     args.add("--debian-lock", ctx.file.debian_lock)
     args.add("--cuda-lock", ctx.file.cuda_lock)
+    if ctx.file.scanner_lock:
+        args.add("--scanner-lock", ctx.file.scanner_lock)
     args.add_all(ctx.files.built_wheels, before_each = "--built-wheel")
 
     # A subject is named by its path below bazel-bin; the action reads its digest file (image, PEX) or
@@ -48,7 +50,7 @@ def _provenance_impl(ctx):
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
-        inputs = ctx.files.patches + ctx.files.built_wheels + [
+        inputs = ctx.files.patches + ctx.files.built_wheels + ctx.files.scanner_lock + [
             ctx.file.vllm_lock,
             ctx.file.python_lock,
             ctx.file.tools_lock,
@@ -84,6 +86,10 @@ provenance = rule(
         "tools_lock": _LOCK,
         "debian_lock": _LOCK,
         "cuda_lock": _LOCK,
+        "scanner_lock": attr.label(
+            allow_single_file = [".json"],
+            doc = "The secret scanner's lock (the layer scan's scanner, recorded as a dependency).",
+        ),
         "built_wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels the build makes (byproducts)."),
         "bazel_version": attr.string(
             mandatory = True,

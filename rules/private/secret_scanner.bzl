@@ -9,8 +9,7 @@ wheel of each build host; the one of this host is fetched by filename and sha256
 `download_locked_file` and its binary unpacked. `local_binary` uses a binary already on the machine
 instead (test workspaces pass the one of the hash-locked test venv); its version must be the locked one.
 
-Targets: `:kingfisher` (the executable) and `:scanner.json` (name, version, wheel filename and sha256,
-for the provenance).
+Target: `:kingfisher` (the executable). The provenance records the scanner from the same lock.
 """
 
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
@@ -59,25 +58,17 @@ def _secret_scanner_impl(rctx):
             rctx.attr.lock,
             (found.stdout + found.stderr).strip(),
         ))
-    record = {
-        "filename": entry["filename"],
-        "name": "kingfisher",
-        "project": _PROJECT,
-        "sha256": entry["sha256"],
-        "version": pinned["version"],
-    }
-    rctx.file("scanner.json", json.encode_indent(record, indent = "  ") + "\n")
     rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
     rctx.file("BUILD", "\n".join([
         'package(default_visibility = ["//visibility:public"])',
         "",
-        'exports_files(["kingfisher", "scanner.json"])',
+        'exports_files(["kingfisher"])',
         "",
     ]))
 
 secret_scanner = repository_rule(
     implementation = _secret_scanner_impl,
-    doc = "The locked Kingfisher secret scanner for this build host: `:kingfisher`, `:scanner.json`.",
+    doc = "The locked Kingfisher secret scanner for this build host: `:kingfisher`.",
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = [".json"], doc = "scanner.lock.json"),
         "local_binary": attr.string(doc = "Absolute path of a kingfisher binary of the locked version (tests)."),

@@ -10,7 +10,8 @@ the same bytes:
 * ``buildDefinition.externalParameters``: the platform, the Bazel targets, the CUDA architecture override.
 * ``buildDefinition.resolvedDependencies``: the locked vLLM commit, sdist and upstream wheel, every patch of
   the series (in series order), every locked wheel and Debian package of the platform, the kernel
-  toolchain's wheels and the build tools' wheels, each with its sha256. Each carries ``annotations.role``.
+  toolchain's wheels, the build tools' wheels and the secret scanner's wheels (the scanner and version that
+  scanned every layer), each with its sha256. Each carries ``annotations.role``.
 * ``runDetails.builder``: :data:`BUILDER_ID`, with the Bazel release (declared by the workspace: a Debian
   ``bazel-bootstrap`` reports none) and the interpreter that runs the actions (read here at run time).
 * ``runDetails.byproducts``: the wheels the build made (our vLLM wheel, the sparkseal wheel).
@@ -25,7 +26,8 @@ As an action::
 
     provenance --platform linux_aarch64 --vllm-lock vllm.lock.json --patch NAME PATH ... \\
         --python-lock requirements_linux_aarch64.files.json --tools-lock tools.files.json \\
-        --debian-lock bookworm_arm64.lock.json --cuda-lock toolchain.lock.json --built-wheel WHL ... \\
+        --debian-lock bookworm_arm64.lock.json --cuda-lock toolchain.lock.json \\
+        --scanner-lock scanner.lock.json --built-wheel WHL ... \\
         --subject oci-image NAME DIGEST_FILE --image-tag TAG --subject pex NAME DIGEST_FILE \\
         --subject module-manifest NAME FILE --subject sbom NAME FILE \\
         --target //:image_linux_aarch64 ... --bazel-version 4.2.3 --out provenance.intoto.json
@@ -94,6 +96,7 @@ class Inputs:
     targets: tuple[str, ...]
     bazel_version: str
     cuda_archs: str = ""
+    scanner_lock: Path | None = None
 
 
 def patch_descriptors(patches: Iterable[tuple[str, Path]]) -> list[dict[str, Any]]:
@@ -136,6 +139,10 @@ def statement(inputs: Inputs) -> dict[str, Any]:
         *(item.descriptor() for item in read_toolchain_lock(inputs.cuda_lock)),
         *(item.descriptor() for item in read_wheel_lock(inputs.tools_lock, "build-tool")),
     ]
+    if inputs.scanner_lock is not None:
+        dependencies.extend(
+            item.descriptor() for item in read_toolchain_lock(inputs.scanner_lock, "secret-scanner")
+        )
     byproducts = sorted((built_wheel(path) for path in inputs.built_wheels), key=lambda item: item.filename)
     return {
         "_type": STATEMENT_TYPE,
@@ -178,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debian-lock", type=Path, required=True, help="bookworm_<arch>.lock.json")
     parser.add_argument("--cuda-lock", type=Path, required=True, help="third_party/cuda/toolchain.lock.json")
     parser.add_argument(
+        "--scanner-lock", type=Path, default=None, help="third_party/scan/scanner.lock.json (the layer scan)"
+    )
+    parser.add_argument(
         "--built-wheel", type=Path, action="append", default=[], help="a wheel the build made"
     )
     parser.add_argument(
@@ -215,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         targets=tuple(args.target),
         bazel_version=args.bazel_version,
         cuda_archs=args.cuda_archs,
+        scanner_lock=args.scanner_lock,
     )
     try:
         text = dumps(statement(inputs))

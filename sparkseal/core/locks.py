@@ -208,10 +208,12 @@ def read_debian_lock(path: Path) -> list[Locked]:
     return sorted(found, key=lambda item: (item.name, item.filename))
 
 
-def read_toolchain_lock(path: Path) -> list[Locked]:
-    """Every file of the kernel toolchain lock (``third_party/cuda/toolchain.lock.json``).
+def read_toolchain_lock(path: Path, role: str = "toolchain") -> list[Locked]:
+    """Every file of a tool-wheel lock (``third_party/cuda/toolchain.lock.json``, or with ``role``
+    ``secret-scanner`` ``third_party/scan/scanner.lock.json``; both are written by ``lock_wheels``).
 
-    The toolchain repository fetches every file the lock names, for every platform key, so all are listed.
+    The toolchain repository fetches every file the lock names, for every platform key, so all are listed;
+    of the scanner's, the build host's one runs, and all are listed as the lock pins them together.
     """
     found = []
     for project, entry in sorted(_object(load_json(path), "wheels", path).items()):
@@ -221,7 +223,7 @@ def read_toolchain_lock(path: Path) -> list[Locked]:
             filename = _field(file, "filename", where / f"files.{key}")
             found.append(
                 Locked(
-                    "toolchain",
+                    role,
                     project,
                     version,
                     filename,
