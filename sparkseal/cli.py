@@ -322,19 +322,35 @@ def _add_nccl_diff(commands: argparse._SubParsersAction) -> None:
 
 def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.audit.provenance_check import CheckInputError, check, render
+    from sparkseal.audit.provenance_sign import SignatureError
 
     if args.root is not None and not args.root.is_dir():
         parser.error(f"--root {args.root}: expected a directory, found none")
     try:
-        report = check(args.provenance, args.artifacts, args.root)
+        report = check(args.provenance, args.artifacts, args.root, args.pubkey)
     except CheckInputError as error:
         parser.error(str(error))
+    except SignatureError as error:
+        print(f"sparkseal provenance check: {error}", file=sys.stderr)
+        return 1
     print(render(report, args.json))
     return 0 if report.ok else 1
 
 
+def _provenance_sign(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.audit.provenance_check import CheckInputError
+    from sparkseal.audit.provenance_sign import SigningInputError, sign
+
+    try:
+        written = sign(args.provenance, args.key, args.out)
+    except (CheckInputError, SigningInputError) as error:
+        parser.error(str(error))
+    print(f"signed {args.provenance} -> {written}")
+    return 0
+
+
 def _add_provenance(commands: argparse._SubParsersAction) -> None:
-    provenance = commands.add_parser("provenance", help="check a build's SLSA provenance")
+    provenance = commands.add_parser("provenance", help="sign or check a build's SLSA provenance")
     actions = provenance.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser(
         "check",
@@ -357,8 +373,29 @@ def _add_provenance(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="where subjects are looked up by name (default: PROVENANCE's directory, i.e. bazel-bin)",
     )
+    check.add_argument(
+        "--pubkey",
+        type=Path,
+        default=None,
+        help="ed25519 public key (PEM): PROVENANCE is a signed envelope whose signature is verified first; "
+        "a changed payload or another key's signature is exit 1",
+    )
     check.add_argument("--json", action="store_true", help="print a JSON report")
     check.set_defaults(handler=_provenance_check, parser=check)
+
+    sign = actions.add_parser(
+        "sign",
+        help="sign a provenance statement: a DSSE envelope with an ed25519 key",
+        description="Wrap PROVENANCE (an in-toto statement from `bazel build //:provenance`) in a DSSE "
+        "envelope (payload type application/vnd.in-toto+json) signed with KEY, an ed25519 private key in "
+        "PEM (openssl genpkey -algorithm ed25519); an encrypted key's passphrase comes from "
+        "$SPARKSEAL_KEY_PASSPHRASE. Writes OUT (default: PROVENANCE with .dsse.json for .json). Verify "
+        "with `sparkseal provenance check ENVELOPE --pubkey PUBKEY`.",
+    )
+    sign.add_argument("provenance", type=Path, metavar="PROVENANCE", help="the in-toto statement (JSON)")
+    sign.add_argument("--key", type=Path, required=True, help="ed25519 private key (PEM)")
+    sign.add_argument("--out", type=Path, default=None, help="where to write the envelope")
+    sign.set_defaults(handler=_provenance_sign, parser=sign)
 
 
 def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

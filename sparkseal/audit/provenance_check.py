@@ -13,6 +13,10 @@ root directory (by default the statement's own directory: ``bazel-bin`` for the 
 A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest. A
 statement that is not an in-toto Statement v1 with SLSA v1 provenance, or an artifact that is missing, is
 an input error (:class:`CheckInputError`, exit 2).
+
+A signed statement (a DSSE envelope, ``sparkseal provenance sign``) is checked with ``pubkey``: its
+signature is verified first (``sparkseal.audit.provenance_sign``) and only the verified payload's subjects
+are trusted. An envelope without ``pubkey`` is an input error: nothing is checked unsigned by accident.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class Report:
 
     provenance: str
     checks: tuple[Check, ...]
+    signed_by: str | None = None  # the public key whose signature verified, for signed statements
 
     @property
     def ok(self) -> bool:
@@ -62,10 +67,11 @@ class Report:
         return all(check.ok for check in self.checks)
 
 
-def load_statement(path: Path) -> list[dict[str, Any]]:
-    """The subjects of a provenance statement, each checked for a name, a sha256 and a known kind."""
+def load_statement(path: Path, content: bytes | None = None) -> list[dict[str, Any]]:
+    """The subjects of a provenance statement (``content``, else the file at ``path``), each checked for a
+    name, a sha256 and a known kind."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_bytes() if content is None else content)
     except FileNotFoundError as error:
         raise CheckInputError(f"{path}: expected a provenance statement, found no file") from error
     except (OSError, ValueError) as error:
@@ -178,9 +184,42 @@ def subject_checks(subject: dict[str, Any], artifact: Path) -> list[Check]:
     return [Check(name, kind, str(artifact), expected, sha256_file(artifact))]
 
 
-def check(provenance: Path, artifacts: Iterable[Path] = (), root: Path | None = None) -> Report:
-    """Check every subject of ``provenance``; ``artifacts`` replace the lookup under ``root`` by kind."""
-    subjects = load_statement(provenance)
+def _verified_payload(provenance: Path, pubkey: Path | None) -> bytes | None:
+    """The statement a signed ``provenance`` holds, once its signature verifies; None for a plain one."""
+    from sparkseal.audit import provenance_sign
+
+    try:
+        data = json.loads(provenance.read_bytes())
+    except (OSError, ValueError):
+        data = None  # load_statement names the problem
+    if not provenance_sign.is_envelope(data):
+        if pubkey is not None:
+            raise CheckInputError(
+                f"{provenance}: --pubkey {pubkey}: expected a signed statement (a DSSE envelope from "
+                "`sparkseal provenance sign`), found an unsigned one"
+            )
+        return None
+    if pubkey is None:
+        raise CheckInputError(
+            f"{provenance}: a signed statement (DSSE envelope): pass --pubkey KEY to verify its signature "
+            "before its subjects"
+        )
+    try:
+        return provenance_sign.verify(provenance, pubkey)
+    except provenance_sign.SigningInputError as error:
+        raise CheckInputError(str(error)) from error
+
+
+def check(
+    provenance: Path, artifacts: Iterable[Path] = (), root: Path | None = None, pubkey: Path | None = None
+) -> Report:
+    """Check every subject of ``provenance``; ``artifacts`` replace the lookup under ``root`` by kind.
+
+    A signed statement needs ``pubkey``; its signature is verified first (a failure raises
+    :class:`sparkseal.audit.provenance_sign.SignatureError`).
+    """
+    payload = _verified_payload(provenance, pubkey)
+    subjects = load_statement(provenance, payload)
     given: dict[str, Path] = {}
     for path in artifacts:
         kind = artifact_kind(path)
@@ -198,7 +237,7 @@ def check(provenance: Path, artifacts: Iterable[Path] = (), root: Path | None = 
     for subject in subjects:
         kind = subject["annotations"]["kind"]
         checks += subject_checks(subject, given.get(kind, base / subject["name"]))
-    return Report(str(provenance), tuple(checks))
+    return Report(str(provenance), tuple(checks), str(pubkey) if payload is not None else None)
 
 
 def render(report: Report, as_json: bool) -> str:
@@ -207,10 +246,11 @@ def render(report: Report, as_json: bool) -> str:
         body = {
             "provenance": report.provenance,
             "ok": report.ok,
+            "signed_by": report.signed_by,
             "checks": [{**asdict(check), "ok": check.ok} for check in report.checks],
         }
         return json.dumps(body, indent=2, sort_keys=True)
-    lines = []
+    lines = [f"ok signature (ed25519) verifies with {report.signed_by}"] if report.signed_by else []
     for item in report.checks:
         if item.ok:
             lines.append(f"ok {item.subject} ({item.kind}) sha256:{item.actual}")
