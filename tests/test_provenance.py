@@ -624,3 +624,29 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
     code, out, err = _check(capsys, "--root", str(bazel_bin), str(statement_path))
     assert code == 0, out + err
     assert out.splitlines()[-1] == "6 checks, 0 differ"  # 4 subjects + the config and the layer blob
+
+
+# --- validators of the in-toto attestation framework ---
+
+
+def test_the_statement_validates_with_in_toto_attestation(build: Build) -> None:
+    """The in-toto attestation framework's own bindings accept the statement and its SLSA v1 predicate."""
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1 import statement_pb2
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+    from in_toto_attestation.v1.statement import Statement
+
+    data = json.loads(build.statement.read_text())
+    Statement.copy_from_pb(json_format.ParseDict(data, statement_pb2.Statement())).validate()
+    predicate = json_format.ParseDict(data["predicate"], provenance_pb2.Provenance())  # unknown fields fail
+    for dependency in predicate.build_definition.resolved_dependencies:
+        ResourceDescriptor.copy_from_pb(dependency).validate()
+    assert len(predicate.build_definition.resolved_dependencies) == len(
+        data["predicate"]["buildDefinition"]["resolvedDependencies"]
+    )
+
+    # Not a rubber stamp: a subject without a digest is refused.
+    data["subject"][0]["digest"] = {}
+    with pytest.raises(ValueError, match=r"At least one digest required \(subject 0\)"):
+        Statement.copy_from_pb(json_format.ParseDict(data, statement_pb2.Statement())).validate()

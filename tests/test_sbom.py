@@ -372,3 +372,23 @@ def test_missing_patch_is_named(inputs: Inputs, tmp_path: Path, capsys: pytest.C
     path.unlink()
     assert sbom.main(sbom_args(inputs, tmp_path / "sbom.json")) == 1
     assert capsys.readouterr().err.strip() == f"sbom: {path}: expected the patch {name}, found no file"
+
+
+def test_the_sbom_validates_with_spdx_tools(inputs: Inputs, tmp_path: Path) -> None:
+    """spdx-tools, the SPDX project's own parser and validator, accepts the document as SPDX 2.3."""
+    from spdx_tools.spdx.parser.parse_anything import parse_file
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+    path = tmp_path / "sbom.spdx.json"
+    _run(inputs, path)
+    document = parse_file(str(path))
+    assert [message.validation_message for message in validate_full_spdx_document(document)] == []
+    assert document.creation_info.spdx_version == "SPDX-2.3"
+    assert len(document.packages) == len(json.loads(path.read_text())["packages"])
+
+    # The validator is not a rubber stamp: a relationship to an element that does not exist fails it.
+    broken = json.loads(path.read_text())
+    broken["relationships"][0]["relatedSpdxElement"] = "SPDXRef-nothing"
+    (tmp_path / "broken.spdx.json").write_text(json.dumps(broken))
+    messages = validate_full_spdx_document(parse_file(str(tmp_path / "broken.spdx.json")))
+    assert any("SPDXRef-nothing" in message.validation_message for message in messages)
