@@ -55,8 +55,6 @@ def sample_report(
 def test_the_scanner_is_the_locked_one(catalogue: Catalogue) -> None:
     lock = json.loads(LOCK.read_text())["wheels"]["kingfisher-bin"]
     assert catalogue.version == lock["version"]
-    pins = (REPO / ".ci/requirements-trust.txt").read_text()
-    assert f"kingfisher-bin=={lock['version']} " in pins
     assert len(catalogue.rules) > 400
     assert catalogue.describe() == {
         "name": "kingfisher",

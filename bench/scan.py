@@ -1,0 +1,119 @@
+"""Layer scan speed before and after the rule catalogue, on a large real input (the locked torch wheel).
+
+Builds one layer tar with sparkseal's tar writer from the unpacked wheel(s), as the image build would write
+them below /opt/venv, then runs ``scan_layer_stream`` over it twice: with the scan module of ``--before``
+(a git revision: our hand-kept rules only) and with the working tree's (our rules plus the locked Kingfisher
+catalogue). Times are CPU seconds of this process and its children (the scanner runs as a child; robust
+against other load on the machine) and wall seconds; the Kingfisher rule database is compiled once before
+the timed run (the image build's first layer pays that once, ~15 s).
+
+    ~/.cache/sparkseal/venv/bin/python bench/scan.py --before main \\
+        --wheel ~/.cache/sparkseal/repository/content_addressable/sha256/<torch sha256>/file \\
+        --out bench/results/scan.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.compression import build_tar
+from sparkseal.audit import scan
+from sparkseal.audit.catalogue import Catalogue
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _module_at(revision: str, work: Path) -> ModuleType:
+    """``sparkseal/audit/scan.py`` as it was at ``revision``, imported under another name."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:sparkseal/audit/scan.py"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    path = work / "scan_before.py"
+    path.write_bytes(source)
+    spec = importlib.util.spec_from_file_location("scan_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _timed(run) -> tuple[float, float, int, Counter[str]]:  # type: ignore[no-untyped-def]
+    cpu, wall = _cpu(), time.perf_counter()
+    files, findings = run()
+    return _cpu() - cpu, time.perf_counter() - wall, files, Counter(f.rule for f in findings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheel", type=Path, action="append", required=True, help="a wheel to unpack")
+    parser.add_argument("--before", default="main", help="git revision of the scan before (default main)")
+    parser.add_argument("--out", type=Path, required=True, help="markdown result file")
+    args = parser.parse_args(argv)
+    catalogue = Catalogue.find()
+    with tempfile.TemporaryDirectory(prefix="sparkseal-bench-scan-") as scratch:
+        work = Path(scratch)
+        tar = build_tar(args.wheel, work)
+        size = tar.stat().st_size
+        before = _module_at(args.before, work)
+        catalogue.scan([work / "scan_before.py"], {str((work / "scan_before.py").resolve()): "warm-up"})
+        with tar.open("rb") as stream:
+            old = _timed(lambda: before.scan_layer_stream(stream, "layer"))
+        with tar.open("rb") as stream:
+            new = _timed(lambda: scan.scan_layer_stream(stream, "layer", catalogue))
+    mb = size / 1e6
+    rows = [
+        ("before", f"`{args.before}`: our hand-kept rules", old),
+        ("after", f"working tree: our rules + {catalogue.describe()['name']} {catalogue.version}", new),
+    ]
+    rule_counts = {"before": len(before.RULES), "after": len(scan.RULES) + len(catalogue.rules)}
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    lines = [
+        "# Layer scan speed: hand-kept rules against the Kingfisher catalogue",
+        "",
+        f"Command: `{' '.join([Path(sys.executable).name, 'bench/scan.py', *(argv or sys.argv[1:])])}`",
+        "",
+        f"Machine: {machine}; Python {platform.python_version()}. Date: {datetime.date.today().isoformat()}.",
+        "",
+        f"Input: one uncompressed layer tar written by `sparkseal.build.layer` from "
+        f"{', '.join(w.name for w in args.wheel)} unpacked below /opt/venv: {mb:,.0f} MB, {new[2]:,} files.",
+        "",
+        "| scan | rules | CPU s | MB/s (CPU) | wall s | MB/s (wall) | findings by rule |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for key, what, (cpu, wall, _files, counts) in rows:
+        found = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items())) or "none"
+        lines.append(
+            f"| {what} | {rule_counts[key]} | {cpu:.1f} | {mb / cpu:.0f} | {wall:.1f} | {mb / wall:.0f} "
+            f"| {found} |"
+        )
+    lines += ["", f"After/before: {new[0] / old[0]:.2f}x the CPU time, {new[1] / old[1]:.2f}x the wall time."]
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
