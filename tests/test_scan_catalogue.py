@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,20 @@ def test_the_allow_list_takes_catalogue_rule_ids_and_checks_them(
     allow.write_text(json.dumps({"allow": [entry]}))
     report = scan.run_scan([tmp_path / "docs"], None, allow, root=tmp_path, catalogue=catalogue)
     assert (report.findings, [f.rule for f in report.allowed]) == ([], ["betterleaks.jwt"])
+
+    # A glob covers a family of rules (the module manifest's digests beside vendor-named paths).
+    (tmp_path / "docs/manifest.json").write_text(
+        json.dumps({"sentry_sdk/api.py": "9942" + "ab12" * 15, "x": samples["github"].positive})
+    )
+    allow.write_text(json.dumps({"allow": [{**entry, "path": "*/docs/*", "rule": "betterleaks.*"}]}))
+    report = scan.run_scan([tmp_path / "docs"], None, allow, root=tmp_path, catalogue=catalogue)
+    assert report.findings == [] and {f.rule for f in report.allowed} >= {
+        "betterleaks.jwt",
+        "betterleaks.github-pat",
+    }
+    allow.write_text(json.dumps({"allow": [{**entry, "rule": "nosuch.*"}]}))
+    with pytest.raises(scan.ScanInputError, match=re.escape("found 'nosuch.*'")):
+        scan.run_scan([tmp_path / "docs"], None, allow, root=tmp_path, catalogue=catalogue)
 
     allow.write_text(json.dumps({"allow": [{**entry, "rule": "betterleaks.no-such-rule"}]}))
     with pytest.raises(scan.ScanInputError) as caught:

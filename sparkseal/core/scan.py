@@ -16,9 +16,10 @@ needs four octets that are not part of a longer dotted number or a CIDR range an
 The allow-list (``.sparkseal-scan-allow.json`` at the repository root, or ``--allow``) is a JSON object
 ``{"allow": [{"path": GLOB, "rule": RULE, "reason": TEXT}, ...]}``; ``GLOB`` is matched with
 ``fnmatch`` against the repository path or the path inside the image, ``RULE`` must be a rule id (ours or
-the catalogue's, e.g. ``betterleaks.jwt``), and an entry without a reason is a usage error. It lives at
-the repository root, beside ``.gitignore``, rather than inside the ``sparkseal`` package: it is policy
-about this repository's files, and the package ships in the image where the list would mean nothing.
+the catalogue's, e.g. ``betterleaks.jwt``, or a glob that matches at least one, e.g. ``betterleaks.*``),
+and an entry without a reason is a usage error. It lives at the repository root, beside ``.gitignore``,
+rather than inside the ``sparkseal`` package: it is policy about this repository's files, and the package
+ships in the image where the list would mean nothing.
 """
 
 from __future__ import annotations
@@ -352,7 +353,7 @@ def scan_stream(path: str, stream: IO[bytes], layer: str | None = None) -> list[
 def load_allowlist(path: Path, catalogue: Catalogue | None = None) -> list[AllowEntry]:
     """Read and check an allow-list; every problem is a :class:`ScanInputError` naming the entry.
 
-    A rule id must be one of ours or one of ``catalogue``'s.
+    A rule must name (or, as a glob, match) at least one rule id of ours or of ``catalogue``'s.
     """
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -380,9 +381,8 @@ def load_allowlist(path: Path, catalogue: Catalogue | None = None) -> list[Allow
             raise ScanInputError(
                 f"{where}: expected a reason for allowing {entry['rule']} in {entry['path']}, found none"
             )
-        if entry["rule"] not in RULES and (
-            catalogue is None or entry["rule"] not in _catalogue_rules(catalogue)
-        ):
+        known = [*RULES, *(_catalogue_rules(catalogue) if catalogue is not None else ())]
+        if not any(fnmatch.fnmatchcase(rule, entry["rule"]) for rule in known):
             theirs = f" or of the catalogue ({catalogue.binary} rules list)" if catalogue else ""
             raise ScanInputError(
                 f"{where}: expected a rule among {', '.join(RULES)}{theirs}, found {entry['rule']!r}"
@@ -415,7 +415,12 @@ def _apply_allowlist(report: Report, findings: list[Finding], allow: list[AllowE
     used = set()
     for finding in findings:
         entry = next(
-            (e for e in allow if e.rule == finding.rule and fnmatch.fnmatchcase(finding.path, e.path)), None
+            (
+                e
+                for e in allow
+                if fnmatch.fnmatchcase(finding.rule, e.rule) and fnmatch.fnmatchcase(finding.path, e.path)
+            ),
+            None,
         )
         if entry is None:
             report.findings.append(finding)
