@@ -108,6 +108,9 @@ def _scan(ctx, blob):
         outputs = [report],
         env = ACTION_ENV,
         mnemonic = "OciLayerScan",
+        # The scanner binary is the one the secret_scanner repository fetched for this host's CPU; a remote
+        # worker of another CPU could not run it. The result is still cached remotely.
+        execution_requirements = {"no-remote-exec": "1"},
         progress_message = "Scanning image layer %s for secrets" % ctx.label,
     )
     return report
