@@ -336,8 +336,10 @@ def ensure_uv(uv_lock: Path, venv: Path, index: str) -> Path:
             return uv
     subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
     install = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps"]
-    install += ["--only-binary", ":all:", "--index-url", index, "-r", uv_lock]
-    result = subprocess.run(install, capture_output=True, text=True, check=False)
+    install += ["--only-binary", ":all:", "-r", uv_lock]
+    # The index goes in the environment, not the command line: its URL may carry credentials.
+    env = {**os.environ, "PIP_INDEX_URL": index}
+    result = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise LockError(f"installing uv from {uv_lock} failed: {result.stderr.strip()[-2000:]}")
     probe = subprocess.run([uv, "--version"], capture_output=True, text=True, check=False)
@@ -370,13 +372,18 @@ def uv_compile(
         "--python-version", f"{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}",
         "--generate-hashes", "--only-binary", ":all:",
         "--no-emit-index-url", "--no-emit-find-links",
-        "--index-url", index,
         *(arg for name in EXCLUDED for arg in ("--no-emit-package", name)),
         "--output-file", output.name,
         *(str(p) for p in inputs),
     ]  # fmt: skip
     result = subprocess.run(
-        command, cwd=workdir, env=uv_environment(), capture_output=True, text=True, check=False
+        # The index goes in the environment, not the command line: its URL may carry credentials.
+        command,
+        cwd=workdir,
+        env={**uv_environment(), "UV_DEFAULT_INDEX": index},
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         raise LockError(f"uv could not resolve for {platform}:\n{result.stderr.strip()}")
