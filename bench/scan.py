@@ -1,21 +1,23 @@
-"""Layer scan speed before and after the rule catalogue, on a large real input (the locked torch wheel).
+"""Layer scan speed before and after the rule catalogue, on a large real input (the torch layer or wheel).
 
-Builds one layer tar with sparkseal's tar writer from the unpacked wheel(s), as the image build would write
-them below /opt/venv, then runs ``scan_layer_stream`` over it twice: with the scan module of ``--before``
-(a git revision: our hand-kept rules only) and with the working tree's (our rules plus the locked Kingfisher
-catalogue). Times are CPU seconds of this process and its children (the scanner runs as a child; robust
-against other load on the machine) and wall seconds; the Kingfisher rule database is compiled once before
-the timed run (the image build's first layer pays that once, ~15 s).
+Takes a layer blob the image build wrote, or builds one layer tar with sparkseal's tar writer from the
+unpacked wheel(s) as the image build would write them below /opt/venv. Then runs ``scan_layer_stream``
+over it twice: with the scan module of ``--before`` (a git revision: our hand-kept rules only) and with the
+working tree's (our rules plus the locked Kingfisher catalogue). Times are CPU seconds of this process and
+its children (the scanner runs as a child; robust against other load on the machine) and wall seconds;
+the Kingfisher rule database is compiled once before the timed run (the image build's first layer pays
+that once, ~15 s).
 
+    ~/.cache/sparkseal/venv/bin/python bench/scan.py --before main --wheel torch-...whl --out OUT.md
     ~/.cache/sparkseal/venv/bin/python bench/scan.py --before main \\
-        --wheel ~/.cache/sparkseal/repository/content_addressable/sha256/<torch sha256>/file \\
-        --out bench/results/scan.md
+        --layer-blob bazel-bin/layer_torch_linux_x86_64.tar.gz --out OUT.md
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import importlib.util
 import os
 import platform
@@ -58,6 +60,25 @@ def _module_at(revision: str, work: Path) -> ModuleType:
     return module
 
 
+def _uncompressed_size(blob: Path) -> int:
+    with gzip.open(blob, "rb") as stream:
+        return sum(len(chunk) for chunk in iter(lambda: stream.read(1 << 20), b""))
+
+
+def _describe_input(args: argparse.Namespace, mb: float, files: int) -> str:
+    if args.wheel:
+        wheels = ", ".join(w.name for w in args.wheel)
+        return (
+            f"Input: one uncompressed layer tar written by `sparkseal.build.layer` from {wheels} unpacked "
+            f"below /opt/venv: {mb:,.0f} MB, {files:,} files."
+        )
+    blob = args.layer_blob
+    return (
+        f"Input: the layer blob {blob.name} ({blob.stat().st_size / 1e6:,.0f} MB gzip, {mb:,.0f} MB of tar, "
+        f"{files:,} files), read as the layer scan action reads it."
+    )
+
+
 def _timed(run) -> tuple[float, float, int, Counter[str]]:  # type: ignore[no-untyped-def]
     cpu, wall = _cpu(), time.perf_counter()
     files, findings = run()
@@ -66,15 +87,17 @@ def _timed(run) -> tuple[float, float, int, Counter[str]]:  # type: ignore[no-un
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wheel", type=Path, action="append", required=True, help="a wheel to unpack")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--wheel", type=Path, action="append", help="a wheel to unpack into a layer tar")
+    source.add_argument("--layer-blob", type=Path, help="a layer blob the image build wrote (.tar.gz)")
     parser.add_argument("--before", default="main", help="git revision of the scan before (default main)")
     parser.add_argument("--out", type=Path, required=True, help="markdown result file")
     args = parser.parse_args(argv)
     catalogue = Catalogue.find()
     with tempfile.TemporaryDirectory(prefix="sparkseal-bench-scan-") as scratch:
         work = Path(scratch)
-        tar = build_tar(args.wheel, work)
-        size = tar.stat().st_size
+        tar = build_tar(args.wheel, work) if args.wheel else args.layer_blob
+        size = tar.stat().st_size if args.wheel else _uncompressed_size(tar)
         before = _module_at(args.before, work)
         catalogue.scan([work / "scan_before.py"], {str((work / "scan_before.py").resolve()): "warm-up"})
         with tar.open("rb") as stream:
@@ -97,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Machine: {machine}; Python {platform.python_version()}. Date: {datetime.date.today().isoformat()}.",
         "",
-        f"Input: one uncompressed layer tar written by `sparkseal.build.layer` from "
-        f"{', '.join(w.name for w in args.wheel)} unpacked below /opt/venv: {mb:,.0f} MB, {new[2]:,} files.",
+        _describe_input(args, mb, new[2]),
         "",
         "| scan | rules | CPU s | MB/s (CPU) | wall s | MB/s (wall) | findings by rule |",
         "|---|---:|---:|---:|---:|---:|---|",
