@@ -33,8 +33,8 @@ from types import ModuleType
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compression import build_tar
-from sparkseal.audit import scan
-from sparkseal.audit.catalogue import Catalogue
+from sparkseal.core import scan
+from sparkseal.core.catalogue import Catalogue
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,10 +46,19 @@ def _cpu() -> float:
 
 
 def _module_at(revision: str, work: Path) -> ModuleType:
-    """``sparkseal/audit/scan.py`` as it was at ``revision``, imported under another name."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:sparkseal/audit/scan.py"], cwd=REPO, capture_output=True, check=True
-    ).stdout
+    """The scan module as it was at ``revision`` (``sparkseal/core/scan.py``, before the package layout
+    of ``core``: ``sparkseal/audit/scan.py``), imported under another name."""
+    for path in ("sparkseal/core/scan.py", "sparkseal/audit/scan.py"):
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:{path}"], cwd=REPO, capture_output=True, check=False
+        )
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(
+            f"bench/scan.py: {revision}: expected sparkseal/core/scan.py or sparkseal/audit/scan.py"
+        )
+    source = shown.stdout
     path = work / "scan_before.py"
     path.write_bytes(source)
     spec = importlib.util.spec_from_file_location("scan_before", path)
@@ -69,7 +78,7 @@ def _describe_input(args: argparse.Namespace, mb: float, files: int) -> str:
     if args.wheel:
         wheels = ", ".join(w.name for w in args.wheel)
         return (
-            f"Input: one uncompressed layer tar written by `sparkseal.build.layer` from {wheels} unpacked "
+            f"Input: one uncompressed layer tar written by sparkseal's tar writer from {wheels} unpacked "
             f"below /opt/venv: {mb:,.0f} MB, {files:,} files."
         )
     blob = args.layer_blob
