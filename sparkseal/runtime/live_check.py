@@ -125,8 +125,10 @@ class Report:
                 return step
         raise KeyError(name)
 
-    def find(self, check: str, kind: str, message: str) -> None:
-        self.findings.append(Finding(check, kind, message))
+    def flag(self, step: Step, kind: str, message: str) -> None:
+        """A finding of ``step``: the step fails, and the finding is reported under its name."""
+        step.ok = False
+        self.findings.append(Finding(step.name, kind, message))
 
 
 @dataclass(frozen=True)
@@ -414,14 +416,14 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         models = client.get_json("/v1/models", options.timeout)
         listed = [str(entry["id"]) for entry in models["data"]]
     except RequestFailed as error:
-        report.find("server", error.kind, f"server: {error}")
+        report.flag(server, error.kind, f"server: {error}")
     except (KeyError, TypeError):
-        report.find("server", "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}")
+        report.flag(server, "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}")
     else:
         report.model = options.model or (listed[0] if listed else "")
         if not report.model or report.model not in listed:
-            report.find(
-                "server", "no-model", f"/v1/models: model {report.model!r} is not served (listed: {listed})"
+            report.flag(
+                server, "no-model", f"/v1/models: model {report.model!r} is not served (listed: {listed})"
             )
         else:
             server.ok = True
@@ -454,7 +456,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         first.ok = True
         first.figures = {"seconds": round(result.seconds, 3), "completion_tokens": result.completion_tokens}
     except RequestFailed as error:
-        report.find("first-request", error.kind, f"first request: {error}")
+        report.flag(first, error.kind, f"first request: {error}")
         _skip_rest(report, "the first request failed", first=False)
         _closing_steps(report, options)
         return report
@@ -491,14 +493,13 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         soak.figures["ttft_mean_s"] = round(ttft, 4)
     short = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
     if short:
-        soak.ok = False
-        report.find("soak", "empty", f"soak: {len(short)} request(s) returned no tokens (first: #{short[0]})")
+        report.flag(soak, "empty", f"soak: {len(short)} request(s) returned no tokens (first: #{short[0]})")
     report.steps.append(soak)
     for kind in sorted({r.kind for _, r in failed}):
         of_kind = [(i, r) for i, r in failed if r.kind == kind]
         index, error = of_kind[0]
-        report.find(
-            "soak",
+        report.flag(
+            soak,
             kind,
             f"soak: {len(of_kind)} of {len(prompts)} requests failed ({kind}); first #{index}: {error}",
         )
@@ -515,7 +516,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         cold = complete(client, report.model, long_prompt, max_tokens, options.first_timeout)
         warm = complete(client, report.model, long_prompt, max_tokens, options.first_timeout)
     except RequestFailed as error:
-        report.find("prefix-cache", error.kind, f"long prompt: {error}")
+        report.flag(cache, error.kind, f"long prompt: {error}")
     else:
         after = _metrics(client, options.timeout)
         cache.ok = True
@@ -532,10 +533,9 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
                 after[METRIC_PREFIX_HITS] - before.get(METRIC_PREFIX_HITS, 0)
             )
         if _output(cold) != _output(warm):
-            cache.ok = False
             at = _first_difference(_output(cold), _output(warm))
-            report.find(
-                "prefix-cache",
+            report.flag(
+                cache,
                 "mismatch",
                 f"the cached long prompt answered differently from the cold one at token {at}",
             )
@@ -591,18 +591,16 @@ def _speculation_step(
         step.skipped = "--speculation off"
         return
     if after is None:
-        step.ok = False
-        report.find(
-            "speculation",
+        report.flag(
+            step,
             "no-metrics",
             "speculation: /metrics is not served; drafted tokens cannot be counted",
         )
         return
     if METRIC_DRAFT_TOKENS not in after:
         if options.speculation == "required":
-            step.ok = False
-            report.find(
-                "speculation",
+            report.flag(
+                step,
                 "not-configured",
                 f"speculation: the server exports no {METRIC_DRAFT_TOKENS}: "
                 "speculative decoding is not configured",
@@ -622,9 +620,8 @@ def _speculation_step(
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts > 0 else None,
     }
     if drafted <= 0:
-        step.ok = False
-        report.find(
-            "speculation",
+        report.flag(
+            step,
             "nothing-drafted",
             "speculation: configured, but no token was drafted during the check",
         )
@@ -643,9 +640,8 @@ def _lossless_step(
     outputs = [_output(r) if isinstance(r, Completion) else None for r in results]
     if options.record is not None:
         if any(output is None for output in outputs):
-            step.ok = False
-            report.find(
-                "lossless", "incomplete", f"--record {options.record}: not written, some soak requests failed"
+            report.flag(
+                step, "incomplete", f"--record {options.record}: not written, some soak requests failed"
             )
             return
         document = {
@@ -700,11 +696,10 @@ def _lossless_step(
     if ties:
         step.figures["largest_tie_margin"] = round(max(margin for _, _, margin in ties), 4)
     if differing:
-        step.ok = False
         index, at = differing[0]
         step.figures["first_difference"] = {"request": index, "token": at}
-        report.find(
-            "lossless",
+        report.flag(
+            step,
             "mismatch",
             f"lossless: {len(differing)} of {step.figures['compared']} completions differ from "
             f"{options.against} beyond a near-tie (first: request #{index} at token {at})",
@@ -746,9 +741,8 @@ def _module_check_step(report: Report, options: Options) -> None:
                 seen[int(match["rank"])] = (int(match["ranks"]), match["digest"])
     if not seen:
         if required:
-            step.ok = False
-            report.find(
-                "module-check",
+            report.flag(
+                step,
                 "did-not-run",
                 f"module check: {options.log} has no line of the sparkseal plugin's cross-rank check "
                 "(is the sparkseal wheel installed beside vLLM, and VLLM_PLUGINS unset or naming sparkseal?)",
@@ -761,9 +755,8 @@ def _module_check_step(report: Report, options: Options) -> None:
     step.figures = {"ranks": sorted(seen), "world_size": sorted(world), "digest": sorted(digests)}
     missing = sorted(set(range(max(world))) - set(seen))
     if len(world) > 1 or len(digests) > 1 or missing:
-        step.ok = False
-        report.find(
-            "module-check",
+        report.flag(
+            step,
             "incomplete",
             f"module check: ranks {sorted(seen)} reported (world sizes {sorted(world)}, digests "
             f"{sorted(digests)}); missing ranks {missing}",
@@ -783,15 +776,13 @@ def _nccl_step(report: Report, options: Options) -> None:
             if log.collectives:  # the API server and the engine core run no collective
                 logs.append(log)
     except NcclLogError as error:
-        step.ok = False
-        report.find("nccl", "unreadable", f"nccl: {error}")
+        report.flag(step, "unreadable", f"nccl: {error}")
         return
     positions = [log.position for log in logs]
     if len(logs) < 2 or None in positions or len(set(positions)) != len(positions):
-        step.ok = False
         named = ", ".join(f"{log.path.name} (rank {log.position})" for log in logs) or "none"
-        report.find(
-            "nccl",
+        report.flag(
+            step,
             "ranks",
             f"nccl: expected one log with collectives per rank, at least two, in {options.nccl_logs}; "
             f"found {named}",
@@ -807,7 +798,6 @@ def _nccl_step(report: Report, options: Options) -> None:
     divergence = first_divergence(logs)
     if divergence is None:
         return
-    step.ok = False
     index = divergence.index
     step.figures["first_divergence"] = {"index": index, "fields": list(divergence.fields)}
     described = "; ".join(
@@ -819,8 +809,8 @@ def _nccl_step(report: Report, options: Options) -> None:
         )
         for log in logs
     )
-    report.find(
-        "nccl",
+    report.flag(
+        step,
         "divergence",
         f"nccl: the ranks diverge at collective #{index} (differs in: {', '.join(divergence.fields)}): "
         f"{described}",
@@ -838,13 +828,9 @@ def _log_step(report: Report, options: Options) -> None:
     for name, _, _ in hits:
         counts[name] = counts.get(name, 0) + 1
     step.figures = {"lines_matched": len(hits), "by_kind": counts}
-    if hits:
-        step.ok = False
-        for name in counts:
-            first = next(hit for hit in hits if hit[0] == name)
-            report.find(
-                "server-log", name, f"{options.log}:{first[1]}: {name} ({counts[name]} line(s)): {first[2]}"
-            )
+    for name in counts:
+        first = next(hit for hit in hits if hit[0] == name)
+        report.flag(step, name, f"{options.log}:{first[1]}: {name} ({counts[name]} line(s)): {first[2]}")
 
 
 def render(report: Report, as_json: bool) -> str:
