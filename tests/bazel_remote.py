@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.bazel_util import MINIMAL_WORKSPACE, REPO, Workspace, base_env, copy_checkout
+from tests.bazel_util import BASE_WORKSPACE, MINIMAL_WORKSPACE, REPO, Workspace, base_env, copy_checkout
 from tests.fixture_index import FixtureIndex
 from tests.test_bazel_fixture import WHEELS, Fixture, _artifacts, _workspace
 
@@ -45,7 +45,9 @@ def minimal_workspace(
     """
     for rel in ("third_party/bazel", "platforms", *copies):
         shutil.copytree(REPO / rel, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "WORKSPACE").write_text(MINIMAL_WORKSPACE + workspace_extra)
+    # Our rules need the secret scanner's repository; a workspace without them cannot load it.
+    base = MINIMAL_WORKSPACE if "rules" in copies else BASE_WORKSPACE
+    (root / "WORKSPACE").write_text(base + workspace_extra)
     (root / "BUILD").write_text(build)
     for rel, text in (files or {}).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -50,10 +50,8 @@ secret_scanner(
 )
 """
 
-# The offline stand-ins, the host Python toolchain and the secret scanner: enough for rules that need no
-# locked download.
-MINIMAL_WORKSPACE = (
-    """\
+# The offline stand-ins and the host Python toolchain: enough for a workspace without our rules.
+BASE_WORKSPACE = """\
 workspace(name = "sparkseal")
 
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
@@ -61,8 +59,9 @@ local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
 register_toolchains("//third_party/bazel/python:python3_toolchain")
 """
-    + SCANNER_WORKSPACE
-)
+
+# ... and the secret scanner (its rule is in //rules:defs.bzl): for our rules that need no locked download.
+MINIMAL_WORKSPACE = BASE_WORKSPACE + SCANNER_WORKSPACE
 
 FIXTURE_WORKSPACE = (
     MINIMAL_WORKSPACE
