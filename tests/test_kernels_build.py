@@ -9,6 +9,7 @@ wheels, the architecture flag, and CMake's refusal of an empty architecture list
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import struct
@@ -22,6 +23,7 @@ import pytest
 
 from sparkseal.actions import kernels_wheel
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH, ZIP_DATE_TIME
+from sparkseal.core.platforms import MACHINES
 from tests.bazel_util import REPO, Workspace
 
 PLATFORMS = ("linux_aarch64", "linux_x86_64")
@@ -84,7 +86,12 @@ def test_build_environment_is_fixed_and_names_the_platform(tmp_path: Path, monke
 
 def test_config_settings_pass_toolchain_compiler_and_archs(tmp_path: Path) -> None:
     settings = kernels_wheel.config_settings(
-        tmp_path / "src", tmp_path / "build", "linux_x86_64", ["90a-real", "121a-real"], Path("/tk")
+        tmp_path / "src",
+        tmp_path / "build",
+        "linux_x86_64",
+        ["90a-real", "121a-real"],
+        Path("/tk"),
+        "linux_x86_64",
     )
     assert settings["cmake.define.CMAKE_CUDA_ARCHITECTURES"] == "90a-real;121a-real"
     assert settings["cmake.define.CMAKE_CUDA_COMPILER"] == "/tk/bin/nvcc"
@@ -94,9 +101,56 @@ def test_config_settings_pass_toolchain_compiler_and_archs(tmp_path: Path) -> No
     assert settings["build-dir"] == str(tmp_path / "build")
 
 
+@pytest.mark.parametrize(
+    ("host", "platform", "expected", "cross"),
+    [
+        ("linux_x86_64", "linux_x86_64", "linux_x86_64.cmake", False),
+        ("linux_x86_64", "linux_aarch64", "linux_aarch64.cmake", True),
+        ("linux_aarch64", "linux_aarch64", "linux_aarch64-native.cmake", False),
+    ],
+)
+def test_the_toolchain_file_depends_on_the_build_host(
+    host: str, platform: str, expected: str, cross: bool
+) -> None:
+    rel = kernels_wheel.toolchain_file(host, platform)
+    assert rel == f"kernels_sm121/cmake/{expected}"
+    text = (REPO / rel).read_text()
+    assert ("CMAKE_SYSTEM_NAME" in text) is cross, f"{rel}: cross settings only where host and target differ"
+    machine = MACHINES[platform]
+    assert f"set(CMAKE_CUDA_HOST_COMPILER /usr/bin/{machine}-linux-gnu-g++)" in text, rel
+
+
+def test_an_aarch64_host_refuses_the_x86_64_wheel() -> None:
+    with pytest.raises(kernels_wheel.KernelsWheelError) as err:
+        kernels_wheel.toolchain_file("linux_aarch64", "linux_x86_64")
+    assert str(err.value) == (
+        "--platform linux_x86_64: a linux_aarch64 build host builds only linux_aarch64 wheels, "
+        "expected one of them, got linux_x86_64"
+    )
+
+
+def test_the_host_comes_from_the_toolkit_record(tmp_path: Path) -> None:
+    record = tmp_path / "toolkit.json"
+    record.write_text(json.dumps({"host": "linux_aarch64", "wheels": {}}))
+    assert kernels_wheel.toolkit_host(tmp_path) == "linux_aarch64"
+    record.write_text(json.dumps({"host": "linux_riscv64"}))
+    with pytest.raises(kernels_wheel.KernelsWheelError) as err:
+        kernels_wheel.toolkit_host(tmp_path)
+    assert str(err.value) == (
+        f"{record}: expected host one of linux_aarch64, linux_x86_64, got 'linux_riscv64'"
+    )
+    record.unlink()
+    with pytest.raises(kernels_wheel.KernelsWheelError) as err:
+        kernels_wheel.toolkit_host(tmp_path)
+    assert str(err.value).startswith(f"{record}: expected the toolkit record of cuda_toolkit")
+
+
 def test_toolchain_files_exist_for_every_platform() -> None:
-    for platform, rel in kernels_wheel.TOOLCHAIN_FILES.items():
-        assert (REPO / rel).is_file(), f"{rel}: expected the CMake toolchain file of {platform}, found none"
+    for (host, platform), rel in kernels_wheel.TOOLCHAIN_FILES.items():
+        assert (REPO / rel).is_file(), (
+            f"{rel}: expected the CMake toolchain file of {platform} on {host}, found none"
+        )
+    assert sorted({platform for _, platform in kernels_wheel.TOOLCHAIN_FILES}) == sorted(PLATFORMS)
 
 
 def test_main_refuses_a_missing_build_tool(tmp_path: Path, capsys) -> None:

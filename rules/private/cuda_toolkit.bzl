@@ -4,8 +4,10 @@ WORKSPACE use::
 
     cuda_toolkit(name = "sparkseal_cuda", lock = "//third_party/cuda:toolchain.lock.json")
 
-Every wheel named in the lock (`python3 -m sparkseal.fetch.lock_wheels` writes it) is fetched by filename
-and sha256 through `download_locked_file` and unpacked into this layout:
+The host tools (nvcc, cicc, ptxas, cuobjdump, cmake, ninja) are those of the build host, x86_64 or
+aarch64 (`host` overrides the detected one); the CUDA runtime is unpacked for both targets. Each wheel
+is named in the lock (`python3 -m sparkseal.fetch.lock_wheels` writes it), fetched by filename and sha256
+through `download_locked_file` and unpacked into this layout:
 
     cuda/bin/                      nvcc, ptxas, cudafe++, fatbinary, nvlink   (nvidia-cuda-nvcc)
     cuda/nvvm/                     cicc, libdevice                            (nvidia-nvvm)
@@ -28,20 +30,25 @@ _TARGET_DIRS = {
     "linux_aarch64": "sbsa-linux",
 }
 
-# Host tools are locked for these build hosts only (the aarch64 wheel is cross-compiled).
-_HOSTS = {"x86_64": "linux_x86_64"}
+# `uname -m` of a build host -> the lock platform of its host tools (nvcc, cicc, ptxas, cmake, ninja).
+_HOSTS = {"x86_64": "linux_x86_64", "aarch64": "linux_aarch64"}
 
 _PURE_PYTHON = ["scikit-build-core", "packaging", "pathspec"]
 
 _WHEEL_ROOT = "nvidia/cu13/"
 
 def _host_platform(rctx):
+    if rctx.attr.host:
+        return rctx.attr.host
     os_name = rctx.os.name.lower()
     uname = rctx.execute(["uname", "-m"])
     arch = uname.stdout.strip()
     if not os_name.startswith("linux") or uname.return_code != 0 or arch not in _HOSTS:
-        fail("sparkseal: cuda_toolkit %s: expected an x86_64 Linux build host (the lock %s pins host tools " %
-             (rctx.name, rctx.attr.lock) + "for linux_x86_64 only), got os %r, arch %r" % (os_name, arch))
+        fail("sparkseal: cuda_toolkit %s: expected a Linux build host of %s (the lock %s pins host tools " % (
+            rctx.name,
+            " or ".join(sorted(_HOSTS)),
+            rctx.attr.lock,
+        ) + "for %s), got os %r, arch %r" % (", ".join(sorted(_HOSTS.values())), os_name, arch))
     return _HOSTS[arch]
 
 def _locked(rctx, lock, project, platform):
@@ -131,6 +138,11 @@ cuda_toolkit = repository_rule(
     doc = "Assembles a CUDA toolkit root, cmake, ninja and scikit-build-core from the locked wheels.",
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = [".json"]),
+        "host": attr.string(
+            values = [""] + sorted(_HOSTS.values()),
+            doc = "The lock platform whose host tools to unpack; empty (the default): this build host's. " +
+                  "Tests set it to assemble the other host's toolkit (run under emulation).",
+        ),
     },
     environ = INDEX_ENVIRON,
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -21,7 +22,14 @@ from pathlib import Path
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
 from sparkseal.core.platforms import PLATFORMS
 
-TOOLCHAIN_FILES = {platform: f"kernels_sm121/cmake/{platform}.cmake" for platform in PLATFORMS}
+# (build host, wheel platform) -> CMake toolchain file. The host is the one the toolkit was assembled for
+# (`host` of its cuda/toolkit.json). An aarch64 host compiles natively; an x86_64 host cross-compiles the
+# linux_aarch64 wheel. No aarch64 host builds the linux_x86_64 wheel (no cross toolchain for it).
+TOOLCHAIN_FILES = {
+    ("linux_x86_64", "linux_x86_64"): "kernels_sm121/cmake/linux_x86_64.cmake",
+    ("linux_x86_64", "linux_aarch64"): "kernels_sm121/cmake/linux_aarch64.cmake",
+    ("linux_aarch64", "linux_aarch64"): "kernels_sm121/cmake/linux_aarch64-native.cmake",
+}
 # The host compilers (Debian's g++ and g++-aarch64-linux-gnu) and the binutils they call live here.
 SYSTEM_PATH = ("/usr/bin", "/bin")
 # ninja jobs per wheel: a CI machine has 2 cores, and Bazel runs the two platforms' actions side by side.
@@ -68,13 +76,39 @@ def build_environment(platform: str, tool_dirs: Sequence[Path], home: Path) -> d
     }
 
 
+def toolkit_host(cuda_root: Path) -> str:
+    """The build host the toolkit's tools were unpacked for (``host`` of ``cuda/toolkit.json``)."""
+    record = cuda_root / "toolkit.json"
+    try:
+        host = json.loads(record.read_text(encoding="utf-8")).get("host")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise KernelsWheelError(f"{record}: expected the toolkit record of cuda_toolkit ({exc})") from exc
+    if host not in PLATFORMS:
+        raise KernelsWheelError(
+            f"{record}: expected host one of {', '.join(sorted(PLATFORMS))}, got {host!r}"
+        )
+    return host
+
+
+def toolchain_file(host: str, platform: str) -> str:
+    """The CMake toolchain file (relative to the source root) that builds ``platform`` on ``host``."""
+    rel = TOOLCHAIN_FILES.get((host, platform))
+    if rel is None:
+        builds = sorted(p for h, p in TOOLCHAIN_FILES if h == host)
+        raise KernelsWheelError(
+            f"--platform {platform}: a {host} build host builds only {', '.join(builds)} wheels, "
+            f"expected one of them, got {platform}"
+        )
+    return rel
+
+
 def config_settings(
-    source_root: Path, build_dir: Path, platform: str, archs: Sequence[str], cuda_root: Path
+    source_root: Path, build_dir: Path, platform: str, archs: Sequence[str], cuda_root: Path, host: str
 ) -> dict[str, str]:
     """Return scikit-build-core's config settings for one platform and architecture list."""
     return {
         "build-dir": str(build_dir),
-        "cmake.define.CMAKE_TOOLCHAIN_FILE": str(source_root / TOOLCHAIN_FILES[platform]),
+        "cmake.define.CMAKE_TOOLCHAIN_FILE": str(source_root / toolchain_file(host, platform)),
         "cmake.define.CMAKE_CUDA_COMPILER": str(cuda_root / "bin" / "nvcc"),
         "cmake.define.CMAKE_CUDA_ARCHITECTURES": ";".join(archs),
     }
@@ -141,7 +175,9 @@ def build(args: argparse.Namespace) -> Path:
         for directory in (source_root, dist, home):
             directory.mkdir()
         stage_sources(args.input, source_root)
-        settings = config_settings(source_root, build_dir, args.platform, archs, cuda_root)
+        settings = config_settings(
+            source_root, build_dir, args.platform, archs, cuda_root, toolkit_host(cuda_root)
+        )
         env = build_environment(args.platform, tool_dirs, home)
         log = scratch / "build.log"
         try:

@@ -42,19 +42,21 @@ class Pin:
     platforms: tuple[str, ...]
 
 
-# CUDA 13.0 (update 2) to match the driver 580 / nvcc 13.0 of the H200 machines. The build host is
-# x86_64: its compiler parts are locked for linux_x86_64; the CUDA runtime (static cudart + headers) for
-# both targets, because the linux_aarch64 wheel is cross-compiled against the aarch64 cudart.
-# cuobjdump is only published from 13.2 on; it reads 13.0 output and only tests use it.
+# CUDA 13.0 (update 2) to match the driver 580 / nvcc 13.0 of the H200 machines. The build host is x86_64
+# or aarch64 (a GB10 itself): the host tools are locked for both. The CUDA runtime (static cudart +
+# headers) is locked for both targets, because an x86_64 host cross-compiles the linux_aarch64 wheel
+# against the aarch64 cudart. cuobjdump is only published from 13.2 on; it reads 13.0 output and only
+# tests use it.
+_HOSTS = (LINUX_X86_64, LINUX_AARCH64)
 PINS: tuple[Pin, ...] = (
-    Pin("nvidia-cuda-nvcc", "13.0.88", (LINUX_X86_64,)),
-    Pin("nvidia-cuda-crt", "13.0.88", (LINUX_X86_64,)),
-    Pin("nvidia-nvvm", "13.0.88", (LINUX_X86_64,)),
-    Pin("nvidia-cuda-cccl", "13.0.85", (LINUX_X86_64,)),
-    Pin("nvidia-cuda-runtime", "13.0.96", (LINUX_X86_64, LINUX_AARCH64)),
-    Pin("nvidia-cuda-cuobjdump", "13.2.86", (LINUX_X86_64,)),
-    Pin("cmake", "4.4.5", (LINUX_X86_64,)),
-    Pin("ninja", "1.13.2", (LINUX_X86_64,)),
+    Pin("nvidia-cuda-nvcc", "13.0.88", _HOSTS),
+    Pin("nvidia-cuda-crt", "13.0.88", _HOSTS),
+    Pin("nvidia-nvvm", "13.0.88", _HOSTS),
+    Pin("nvidia-cuda-cccl", "13.0.85", _HOSTS),
+    Pin("nvidia-cuda-runtime", "13.0.96", _HOSTS),
+    Pin("nvidia-cuda-cuobjdump", "13.2.86", _HOSTS),
+    Pin("cmake", "4.4.5", _HOSTS),
+    Pin("ninja", "1.13.2", _HOSTS),
     Pin("scikit-build-core", "1.1.2", (ANY,)),
     # scikit-build-core's own requirements on Python 3.11.
     Pin("packaging", "26.4", (ANY,)),
