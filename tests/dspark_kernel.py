@@ -258,13 +258,47 @@ def load_dflash_kernel(speculator: Path, device: str) -> DFlashKernel:
     for name in _annotation_names(launcher) - known:
         namespace[name] = Any
 
+    exec_functions(speculator, source, [*jit_functions, launcher], namespace)
+    return DFlashKernel(path=speculator, device=device, launcher=namespace[LAUNCHER_NAME])
+
+
+def exec_functions(path: Path, source: str, nodes: list[ast.FunctionDef], namespace: dict[str, Any]) -> None:
+    """Execute the source text of ``nodes`` (functions of ``path``) into ``namespace``."""
     lines = source.splitlines(keepends=True)
-    text = "\n\n".join(_segment(lines, n) for n in [*jit_functions, launcher])
-    filename = f"<triton kernels of {speculator}>"
+    text = "\n\n".join(_segment(lines, n) for n in nodes)
+    filename = f"<triton kernels of {path}>"
     # Triton reads a kernel's source through inspect/linecache; register the executed text.
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     exec(compile(text, filename, "exec"), namespace)
-    return DFlashKernel(path=speculator, device=device, launcher=namespace[LAUNCHER_NAME])
+
+
+def load_launcher(path: Path, launcher_name: str, device: str) -> Callable[..., Any]:
+    """Execute every ``@triton.jit`` function of ``path`` and its function ``launcher_name``.
+
+    Names they read must be ``triton``, ``tl``, ``torch`` or another extracted function.
+    """
+    source = path.read_text()
+    module = ast.parse(source, filename=str(path))
+    functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
+    if launcher_name not in functions:
+        raise KernelLoadError(f"{path}: no module-level function {launcher_name!r}")
+    jit_functions = [n for n in functions.values() if _is_triton_jit(n)]
+    _select_triton_mode(device)
+    import torch
+    import triton
+    import triton.language as tl
+
+    namespace: dict[str, Any] = {"__name__": f"kernels_{abs(hash(str(path)))}", "triton": triton, "tl": tl}
+    namespace["torch"] = torch
+    known = set(namespace) | {n.name for n in jit_functions}
+    for node in [*jit_functions, functions[launcher_name]]:
+        unresolved = sorted(_free_names(node) - known)
+        if unresolved:
+            raise KernelLoadError(
+                f"{path}: {node.name} reads {unresolved}, expected only names in {sorted(known)}"
+            )
+    exec_functions(path, source, [*jit_functions, functions[launcher_name]], namespace)
+    return namespace[launcher_name]
 
 
 def run_prepare_inputs(kernel: DFlashKernel, batch: DraftBatch) -> dict[str, list[int]]:

@@ -102,8 +102,36 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# vLLM 0.25.1's attention backend registry and CUDA priority list, reduced to what the plugin touches:
+# `AttentionBackendEnum.CUSTOM` resolves through `register_backend`'s overrides, and the CUDA platform
+# looks `_get_backend_priorities` up in its module at call time.
+REGISTRY = b"""
+import enum
+_ATTN_OVERRIDES = {}
+class AttentionBackendEnum(enum.Enum):
+    TRITON_MLA = "vllm.TritonMLA"
+    FLASHINFER_MLA_SPARSE_SM120 = "vllm.FlashInferSM120"
+    FLASHMLA_SPARSE = "vllm.FlashMLASparse"
+    CUSTOM = None
+def register_backend(backend, class_path=None, is_mamba=False):
+    _ATTN_OVERRIDES[backend] = class_path
+    return lambda x: x
+"""
+CUDA_PLATFORM = b"""
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+def _get_backend_priorities(use_mla, device_capability, num_heads=None, kv_cache_dtype=None):
+    if use_mla and device_capability.major == 12:
+        return [E.TRITON_MLA, E.FLASHINFER_MLA_SPARSE_SM120]
+    return [E.FLASHMLA_SPARSE] if use_mla else []
+"""
+
+
 def _tree(root: Path) -> Path:
     stand_in = {"vllm/distributed/__init__.py": b"", "vllm/distributed/parallel_state.py": PARALLEL_STATE}
+    for package in ("vllm/v1", "vllm/v1/attention", "vllm/v1/attention/backends", "vllm/platforms"):
+        stand_in[f"{package}/__init__.py"] = b""
+    stand_in["vllm/v1/attention/backends/registry.py"] = REGISTRY
+    stand_in["vllm/platforms/cuda.py"] = CUDA_PLATFORM
     return make_venv(root, vllm_extra=stand_in)
 
 
@@ -277,6 +305,8 @@ wrapped = parallel_state.initialize_model_parallel
 assert wrapped._sparkseal_rank_check and wrapped.__name__ == "initialize_model_parallel"
 plugin.register()
 assert parallel_state.initialize_model_parallel is wrapped
+from vllm.v1.attention.backends import registry
+assert registry._ATTN_OVERRIDES == {registry.AttentionBackendEnum.CUSTOM: plugin.BACKEND_CLASS}
 print("ok")
 """
     done = subprocess.run(
@@ -287,6 +317,50 @@ print("ok")
         timeout=TIMEOUT,
     )
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("switch", "expected"), [("0", "TRITON_MLA FLASHINFER_MLA_SPARSE_SM120"), ("1", "CUSTOM TRITON_MLA")]
+)
+def test_the_switch_puts_our_backend_first_for_mla_on_capability_12(
+    tmp_path: Path, switch: str, expected: str
+) -> None:
+    site = _tree(tmp_path)
+    shutil.rmtree(site / "torch")
+    script = """
+from types import SimpleNamespace as N
+from sparkseal.runtime import plugin
+plugin.register()
+plugin.register_attention_backend()
+from vllm.platforms import cuda
+gb10, h200 = N(major=12, minor=1), N(major=9, minor=0)
+print(" ".join(b.name for b in cuda._get_backend_priorities(True, gb10)))
+print(" ".join(b.name for b in cuda._get_backend_priorities(True, h200)))
+print(" ".join(b.name for b in cuda._get_backend_priorities(False, gb10)) or "-")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "SPARKSEAL_SPARSE_MLA": switch},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [expected, "FLASHMLA_SPARSE", "-"]
+
+
+def test_an_unclear_switch_stops_the_plugin(tmp_path: Path) -> None:
+    site = _tree(tmp_path)
+    shutil.rmtree(site / "torch")
+    done = subprocess.run(
+        [sys.executable, "-c", "from sparkseal.runtime import plugin; plugin.register()"],
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "SPARKSEAL_SPARSE_MLA": "yes please"},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 1
+    assert "SPARKSEAL_SPARSE_MLA: expected 1 or 0, got 'yes please'" in done.stderr
 
 
 def test_entry_point_is_declared_for_vllm() -> None:

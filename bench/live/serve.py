@@ -37,6 +37,7 @@ def serve_command(args: argparse.Namespace) -> list[str]:
     command += ["--enable-chunked-prefill", "--enable-prefix-caching"]
     command += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     command += ["--compilation-config", json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
+    command += args.vllm_arg
     if args.dspark:
         speculative = {
             "method": "dspark",
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nccl-logs", type=Path, help="write each rank's NCCL debug log (INIT and COLL) into this folder"
     )
+    parser.add_argument("--vllm-arg", action="append", default=[], help="one more argument of vllm serve")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
     parser.add_argument("--start-deadline", type=float, default=420.0)
     parser.add_argument("--check", action="append", default=[], help="NAME:LIVE-CHECK-ARGUMENTS")
     parser.add_argument("--out", type=Path, required=True)
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(str(site) for site in args.site)
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(item.split("=", 1) for item in args.env)
     env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off: it can take a shared host's GPUs down
     if args.nccl_logs is not None:
         args.nccl_logs.mkdir(parents=True, exist_ok=True)

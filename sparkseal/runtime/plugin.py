@@ -18,6 +18,9 @@ differ or any rank found a problem, every rank gathers the full lists, and every
 of one rank serving different code. ``VLLM_PLUGINS`` (a vLLM setting) selects which plugins load; the
 plugin's entry point name is ``sparkseal``.
 
+The plugin also registers our sparse-MLA kernel as vLLM's ``CUSTOM`` attention backend (a class path;
+see :func:`register_attention_backend` and ``sparkseal.runtime.vllm_backend``).
+
 Nothing here imports vllm or torch at module import time.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,8 +189,47 @@ def install_hook(
     parallel_state.initialize_model_parallel = initialize_model_parallel
 
 
+BACKEND_CLASS = "sparkseal.runtime.vllm_backend.SparksealSparseMLABackend"
+_PREFERRED = "_sparkseal_sparse_mla_first"
+
+
+def register_attention_backend(environ: Mapping[str, str] | None = None) -> None:
+    """Make vLLM's ``CUSTOM`` backend our sparse-MLA backend; with the switch, prefer it on 12.x.
+
+    Registration is a class path only: vLLM imports the backend (and with it the kernel bindings)
+    when a model selects it. With ``SPARKSEAL_SPARSE_MLA=1``, MLA models on capability 12.x (GB10)
+    choose among ``CUSTOM`` and vLLM's dense ``TRITON_MLA`` only: a sparse model our backend cannot
+    serve then fails at start-up with its reason, instead of silently running vLLM's own kernel.
+    """
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    from sparkseal.runtime.sparse_mla_vllm import switch_enabled
+
+    register_backend(AttentionBackendEnum.CUSTOM, BACKEND_CLASS)
+    if not switch_enabled(os.environ if environ is None else environ):
+        return
+    from vllm.platforms import cuda
+
+    original = cuda._get_backend_priorities
+    if getattr(original, _PREFERRED, False):
+        return
+
+    @functools.wraps(original)
+    def priorities(use_mla: bool, device_capability: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        found = original(use_mla, device_capability, *args, **kwargs)
+        if not use_mla or device_capability.major != 12:
+            return found
+        dense = [b for b in found if b == AttentionBackendEnum.TRITON_MLA]
+        return [AttentionBackendEnum.CUSTOM, *dense]
+
+    setattr(priorities, _PREFERRED, True)
+    cuda._get_backend_priorities = priorities
+    logger.info("sparkseal: sparse MLA on capability 12.x runs the sparkseal kernels (%s)", BACKEND_CLASS)
+
+
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: install the rank check into vLLM's parallel state."""
+    """The ``vllm.general_plugins`` entry point: the rank check, and our attention backend."""
     from vllm.distributed import parallel_state
 
     install_hook(parallel_state)
+    register_attention_backend()

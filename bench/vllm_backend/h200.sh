@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The runs of bench/results/vllm_backend.md on an H200 machine with no network (repository root there),
+# after bench/live/h200.sh receive/install staged our vLLM wheel, the sparkseal wheel and the locked
+# dependencies into /tmp/sparkseal-stage. The repository's sparkseal/ (the backend under test) replaces the
+# staged wheel's Python files; the kernel library is the one the staged sparkseal wheel ships.
+#   bench/vllm_backend/h200.sh compare OUT   per-layer agreement with FLASHMLA_SPARSE (4 engines)
+#   bench/vllm_backend/h200.sh serve OUT     FLASHMLA_SPARSE records a reference; our backend serves with
+#                                            CUDA graphs, then capped at GB10's 101376 B of shared memory,
+#                                            and sparkseal live-check compares both with the reference
+set -euo pipefail
+
+root=/tmp/sparkseal-stage
+python=${PYTHON:-python3}
+repo=$(pwd)
+export SPARKSEAL_KERNELS_LIB=$root/ours/sparkseal/_lib/libsparkseal_kernels.so
+export PYTHONPATH=$root/ours:$root/deps
+# The working tree's sparkseal package replaces the staged wheel's Python files, and the wheel's RECORD
+# is rewritten to match: the plugin's module check compares the files with it at start-up.
+"$python" - "$repo/sparkseal" "$root/ours" <<'PY'
+import base64, csv, hashlib, io, pathlib, shutil, sys
+source, site = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for path in source.rglob("*.py"):
+    target = site / "sparkseal" / path.relative_to(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, target)
+(dist,) = site.glob("sparkseal-*.dist-info")
+rows = [r for r in csv.reader(io.StringIO((dist / "RECORD").read_text())) if not r[0].startswith("sparkseal/")]
+for path in sorted((site / "sparkseal").rglob("*")):
+    if path.is_file() and "__pycache__" not in path.parts:
+        data = path.read_bytes()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append([str(path.relative_to(site)), f"sha256={digest}", str(len(data))])
+out = io.StringIO()
+csv.writer(out, lineterminator="\n").writerows(rows)
+(dist / "RECORD").write_text(out.getvalue())
+PY
+export VLLM_USE_FLASHINFER_SAMPLER=0
+models=/tmp/sparkseal-dsv32
+out=$2
+mkdir -p "$out"
+for heads in 16 128; do
+    topk=512
+    [ "$heads" = 128 ] && topk=2048
+    [ -f "$models/h$heads/target/config.json" ] ||
+        "$python" bench/vllm_backend/model.py --out "$models/h$heads" --heads "$heads" --topk "$topk" >/dev/null
+done
+
+case $1 in
+compare)
+    status=0
+    for heads in 16 128; do
+        for kv in fp8_ds_mla auto; do
+            name=compare-h$heads-$kv
+            echo "== $name"
+            "$python" bench/vllm_backend/compare.py --model "$models/h$heads/target" --kv-cache-dtype "$kv" \
+                --out "$out/$name.json" >"$out/$name.log" 2>&1 || status=1
+            tail -n 32 "$out/$name.log"
+        done
+    done
+    exit $status
+    ;;
+serve)
+    heads=${3:-16}
+    kv=${4:-fp8_ds_mla}
+    results=$out/serve-h$heads-$kv
+    ref=$results/reference.json
+    long=(--long-prompt-tokens 2048 --vocab 100:1000)
+    serve() {
+        "$python" bench/live/serve.py --model-dir "$models/h$heads" --site "$root/ours" \
+            --site "$root/deps" --max-num-seqs 8 --out "$results" \
+            --vllm-arg=--kv-cache-dtype --vllm-arg="$kv" --vllm-arg=--block-size --vllm-arg=64 "$@" || true
+    }
+    serve --name flashmla --vllm-arg=--attention-backend --vllm-arg=FLASHMLA_SPARSE \
+        --check "flashmla-serial:--record $ref ${long[*]}"
+    serve --name ours --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
+        --check "ours-serial:--against $ref ${long[*]}" \
+        --check "ours-conc8:--concurrency 8 --against $ref ${long[*]}"
+    serve --name ours-gb10-smem --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
+        --env SPARKSEAL_SPARSE_MLA_MAX_SMEM=101376 \
+        --check "ours-gb10-smem-conc8:--concurrency 8 --against $ref ${long[*]}"
+    grep -h "Using .* backend\|CUSTOM\|sparkseal" "$results"/*.server.log | sort | uniq -c | head -20 || true
+    ;;
+*)
+    echo "usage: $0 compare|serve OUT" >&2
+    exit 2
+    ;;
+esac
