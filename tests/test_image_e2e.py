@@ -85,3 +85,130 @@ def test_manifest_check_passes_inside_the_image(loaded_image: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["vllm", "torch", "sparkseal"]
     assert all(line.endswith("OK") for line in done.stdout.splitlines())
+
+
+# Runs inside the image (CPU only): our attention backend as vLLM resolves and validates it, the layer
+# implementation's refusals, one forward_mqa with the kernel replaced by the float32 reference, and
+# DeepSeek V4's refusal of CUSTOM (patch 0002).
+BACKEND_SCRIPT = """
+import json
+from types import SimpleNamespace
+
+import torch
+
+from sparkseal.runtime import plugin, sparse_mla_ref, sparse_mla_vllm, vllm_backend
+
+plugin.register_attention_backend({})
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+backend = E.CUSTOM.get_class()
+out = {"class": f"{backend.__module__}.{backend.__qualname__}", "name": backend.get_name()}
+
+
+def reasons(**change):
+    config = dict(
+        head_size=576, dtype=torch.bfloat16, kv_cache_dtype="fp8_ds_mla", block_size=64, use_mla=True,
+        has_sink=False, use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False,
+        device_capability=DeviceCapability(12, 1), attn_type="decoder",
+    )
+    config.update(change)
+    return backend.validate_configuration(**config)
+
+
+out["reasons"] = {
+    "ok": reasons(),
+    "bf16": reasons(kv_cache_dtype="auto"),
+    "fp8": reasons(kv_cache_dtype="fp8"),
+    "dense": reasons(use_sparse=False),
+    "ampere": reasons(device_capability=DeviceCapability(8, 0)),
+    "block16": reasons(block_size=16),
+    "fp16": reasons(dtype=torch.float16),
+}
+impl_args = dict(
+    num_heads=16, head_size=576, scale=0.07, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
+    kv_cache_dtype="fp8_ds_mla", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
+    q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, qk_head_dim=192,
+    v_head_dim=128, kv_b_proj=None,
+)
+gen = torch.Generator().manual_seed(7)
+positions = torch.randint(0, 200, (5, 128), generator=gen, dtype=torch.int32)
+positions[:, 100:] = -1
+positions[3, 7] = 10_000
+refused = {}
+for name, change in {"heads": {"num_heads": 8}, "window": {"sliding_window": 128}}.items():
+    try:
+        backend.get_impl_cls()(**{**impl_args, **change}, topk_indices_buffer=positions)
+    except sparse_mla_vllm.UnsupportedConfiguration as error:
+        refused[name] = str(error)
+out["refused"] = refused
+
+impl = backend.get_impl_cls()(**impl_args, topk_indices_buffer=positions)
+layout = sparse_mla_ref.V32_FP8
+cache = sparse_mla_ref.pack_cache(torch.randn(12 * 64, 576, generator=gen), layout)
+table = torch.tensor([[3, 5, 7, 9], [11, 0, 2, 4]], dtype=torch.int32)
+request = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32)
+expected = (table[request.long()[:, None], (positions // 64).clamp(0, 3).long()] * 64 + positions % 64)
+expected = torch.where((positions >= 0) & (positions < 4 * 64), expected, -1).to(torch.int32)
+seen = {}
+
+
+def fake_kernel(q, cache, indices, *, softmax_scale, layout, topk_length, max_smem_bytes):
+    seen.update(indices=indices, lengths=topk_length, layout=layout, smem=max_smem_bytes, q=q)
+    ref, _ = sparse_mla_ref.sparse_mla_decode_ref(
+        q, cache, indices, softmax_scale, sparse_mla_ref.LAYOUTS[layout], topk_length=topk_length
+    )
+    return ref.to(torch.bfloat16), None
+
+
+vllm_backend.sparse_mla_decode = fake_kernel
+q = torch.randn(5, 16, 576, generator=gen).to(torch.bfloat16)
+metadata = vllm_backend.SparksealSparseMLAMetadata(
+    num_actual_tokens=5, req_id_per_token=request, block_table=table, block_size=64
+)
+split = (q[..., :512].transpose(0, 1).contiguous().transpose(0, 1), q[..., 512:])
+result, lse = impl.forward_mqa(split, cache, metadata, None)
+direct, _ = sparse_mla_ref.sparse_mla_decode_ref(q, cache, expected, 0.07, layout)
+out["forward"] = {
+    "slots_equal": torch.equal(seen["indices"], expected),
+    "lengths": seen["lengths"].tolist(),
+    "layout": seen["layout"],
+    "smem": seen["smem"],
+    "q_contiguous": seen["q"].is_contiguous() and torch.equal(seen["q"], q),
+    "out_close": bool(torch.allclose(result.float(), direct, atol=1e-2, rtol=1e-2)),
+    "lse": lse,
+}
+from vllm.models.deepseek_v4.nvidia import model as dsv4
+
+try:
+    dsv4._select_dsv4_attn_cls(SimpleNamespace(attention_config=SimpleNamespace(backend=E.CUSTOM)))
+    out["dsv4"] = "accepted"
+except ValueError as error:
+    out["dsv4"] = str(error)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
+    done = _run(loaded_image, "-c", BACKEND_SCRIPT, entrypoint="/opt/venv/bin/python3")
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, done.stdout[-4000:]
+    found = json.loads(lines[0][len("RESULT ") :])
+    assert found["class"] == "sparkseal.runtime.vllm_backend.SparksealSparseMLABackend"
+    assert found["name"] == "CUSTOM"
+    reasons = found["reasons"]
+    assert reasons["ok"] == [] and reasons["bf16"] == []
+    assert any("pass --kv-cache-dtype fp8_ds_mla" in r for r in reasons["fp8"]), reasons["fp8"]
+    assert "non-sparse not supported" in reasons["dense"]
+    assert "compute capability not supported" in reasons["ampere"]
+    assert "block_size not supported" in reasons["block16"]
+    assert "dtype not supported" in reasons["fp16"]
+    assert "attention heads per rank: expected one of (16, 32, 64, 128)" in found["refused"]["heads"]
+    assert "got 8" in found["refused"]["heads"]
+    assert "unsupported: a sliding window" in found["refused"]["window"]
+    forward = found["forward"]
+    assert forward["slots_equal"] and forward["out_close"] and forward["q_contiguous"]
+    assert forward["layout"] == "v32_fp8" and forward["smem"] == 0 and forward["lse"] is None
+    assert forward["lengths"] == [100, 100, 100, 100, 100]
+    assert found["dsv4"].startswith("CUSTOM is not a DeepSeek V4 attention backend")

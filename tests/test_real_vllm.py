@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.bazel, pytest.mark.network]
 
 LOCK = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
 SPECULATOR = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+DSV4_MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 
 
 def _wheel(workspace: Workspace, platform: str) -> Path:
@@ -38,6 +39,7 @@ def test_x86_64_wheel_carries_the_fix_and_upstream_binaries(
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         speculator = archive.read(SPECULATOR).decode()
+        dsv4 = archive.read(DSV4_MODEL).decode()
         record = json.loads(archive.read("vllm-0.25.1.dist-info/sparkseal.json"))
     assert "torch.full(\n            (max_num_sampled_tokens,), -1" in speculator
     assert "self.sample_idx_mapping.fill_(-1)" in speculator
@@ -46,7 +48,12 @@ def test_x86_64_wheel_carries_the_fix_and_upstream_binaries(
     assert names[-1] == "vllm-0.25.1.dist-info/RECORD"
     assert record["commit"] == LOCK["commit"]
     assert record["upstream_wheel"]["sha256"] == LOCK["wheels"]["linux_x86_64"]["sha256"]
-    assert [p["file"] for p in record["patches"]] == ["0001-dspark-graph-replay-safety.patch"]
+    assert [p["file"] for p in record["patches"]] == [
+        "0001-dspark-graph-replay-safety.patch",
+        "0002-deepseek-v4-refuses-custom-backend.patch",
+    ]
+    assert "if backend == AttentionBackendEnum.CUSTOM:" in dsv4
+    assert "CUSTOM is not a DeepSeek V4 attention backend" in dsv4
 
     target = tmp_path / "site"
     install = subprocess.run(

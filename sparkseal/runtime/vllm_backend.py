@@ -16,7 +16,7 @@ implementation checks the model's shapes when it is made, before any request.
 
 DeepSeek V4 is not served through this class: vLLM 0.25.1 builds V4's attention from its own
 per-platform classes and never consults ``CUSTOM`` there (``vllm/models/deepseek_v4/nvidia/model.py``);
-the plugin refuses that combination at start-up instead (see ``sparkseal.runtime.plugin``).
+our patch ``0002-deepseek-v4-refuses-custom-backend.patch`` makes that combination fail at start-up.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import VllmConfig, get_current_vllm_config_or_none
 from vllm.config.cache import CacheDType
 from vllm.platforms.interface import DeviceCapability
 from vllm.utils.torch_utils import np_to_pinned_tensor
@@ -109,8 +109,10 @@ class SparksealSparseMLABackend(AttentionBackend):
         reason = rules.kv_cache_reason(kv_cache_dtype)
         if reason is not None:
             return reason
-        config = get_current_vllm_config()
-        if config.model_config is None:
+        # Inside vLLM the engine's config is current; without one only the cache dtype is checked here,
+        # and the layer implementation checks the model's shapes when it is built.
+        config = get_current_vllm_config_or_none()
+        if config is None or config.model_config is None:
             return None
         return _model_reason(config)
 
