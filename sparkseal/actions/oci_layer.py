@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import json
 import os
 import stat
@@ -43,12 +42,16 @@ from sparkseal.core.determinism import (
 )
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.paths import UnsafePath, check_relative
+from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
 
 # gzip level of layer blobs. On the vLLM + torch trees (bench/results/compression.md) level 6 is 0.8% larger
 # than level 9 for a quarter of its CPU time, and 12% smaller than level 1.
 GZIP_LEVEL = 6
+# What the blob's bytes depend on besides the tar (the worker count is not among them): recorded in the
+# layer's descriptor so a rebuild can use the same settings.
+COMPRESSION = {"format": "gzip", "level": GZIP_LEVEL, "block_size": BLOCK_SIZE, "dictionary": DICTIONARY_SIZE}
 
 DIR, FILE, LINK = "directory", "file", "symlink"
 ALLOWED_MODES = {FILE: (FILE_MODE, EXEC_MODE), DIR: (DIR_MODE, STICKY_DIR_MODE)}
@@ -323,17 +326,22 @@ def write_layer(entries: Iterable[Entry], tar_path: Path | None, blob_path: Path
     """Write the gzip blob (and the plain tar, when ``tar_path`` is given) in one pass; return the descriptor.
 
     The gzip stream has mtime 0, no file name and level GZIP_LEVEL, so its bytes depend only on the tar
-    and on the zlib of the Python that runs the action (the host python3 of the build toolchain).
+    and on the zlib of the Python that runs the action (the host python3 of the build toolchain); it is
+    compressed on every CPU the action may use, in blocks whose bytes do not depend on that number.
     """
     with contextlib.ExitStack() as stack:
         blob = Digesting(stack.enter_context(blob_path.open("wb")))
-        gz = stack.enter_context(
-            gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=blob, mtime=0)
-        )
+        gz = stack.enter_context(ParallelGzipWriter(blob, GZIP_LEVEL, workers=len(os.sched_getaffinity(0))))
         plain = [stack.enter_context(tar_path.open("wb"))] if tar_path is not None else []
         tar = Digesting(*plain, gz)
         write_tar(entries, tar)
-    return {"diff_id": tar.digest, "digest": blob.digest, "mediaType": LAYER_MEDIA_TYPE, "size": blob.size}
+    return {
+        "diff_id": tar.digest,
+        "digest": blob.digest,
+        "mediaType": LAYER_MEDIA_TYPE,
+        "size": blob.size,
+        "compression": COMPRESSION,
+    }
 
 
 def plan_layer(
