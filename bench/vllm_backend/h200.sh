@@ -4,6 +4,7 @@
 # dependencies into /tmp/sparkseal-stage. The repository's sparkseal/ (the backend under test) replaces the
 # staged wheel's Python files; the kernel library is the one the staged sparkseal wheel ships.
 #   bench/vllm_backend/h200.sh compare OUT   per-layer agreement with FLASHMLA_SPARSE (4 engines)
+#   bench/vllm_backend/h200.sh gpu-test OUT  pytest -m gpu: tests/test_vllm_backend_gpu.py, test_sparse_mla_gpu.py
 #   bench/vllm_backend/h200.sh serve OUT     FLASHMLA_SPARSE records a reference; our backend serves with
 #                                            CUDA graphs, then capped at GB10's 101376 B of shared memory,
 #                                            and sparkseal live-check compares both with the reference
@@ -80,8 +81,13 @@ serve)
         --check "ours-gb10-smem-conc8:--concurrency 8 --against $ref ${long[*]}"
     grep -h "Using .* backend\|CUSTOM\|sparkseal" "$results"/*.server.log | sort | uniq -c | head -20 || true
     ;;
+gpu-test)
+    # The GPU tests of the backend and the kernel, with this staged vLLM.
+    "$python" -m pytest -m gpu -q -p no:cacheprovider tests/test_vllm_backend_gpu.py tests/test_sparse_mla_gpu.py \
+        2>&1 | tee "$out/gpu-test.log" | tail -n 15
+    ;;
 *)
-    echo "usage: $0 compare|serve OUT" >&2
+    echo "usage: $0 compare|serve|gpu-test OUT" >&2
     exit 2
     ;;
 esac
