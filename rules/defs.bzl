@@ -5,7 +5,8 @@ load("//rules/private:debian.bzl", _DebianRootfsInfo = "DebianRootfsInfo", _debi
 load("//rules/private:image.bzl", _sparkseal_image = "sparkseal_image")
 load("//rules/private:kernels_wheel.bzl", _cuda_archs_setting = "cuda_archs_setting", _kernels_wheel = "kernels_wheel")
 load("//rules/private:module_manifest.bzl", _module_manifest = "module_manifest")
-load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci_load")
+load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci_load", _oci_push = "oci_push")
+load("//rules/private:oci_image_index.bzl", _oci_image_index = "oci_image_index")
 load("//rules/private:oci_layer.bzl", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
 load("//rules/private:pex.bzl", _SparksealPexInfo = "SparksealPexInfo", _sparkseal_pex = "sparkseal_pex")
@@ -30,8 +31,10 @@ debian_rootfs = _debian_rootfs
 kernels_wheel = _kernels_wheel
 module_manifest = _module_manifest
 oci_image = _oci_image
+oci_image_index = _oci_image_index
 oci_layer = _oci_layer
 oci_load = _oci_load
+oci_push = _oci_push
 patch_series = _patch_series
 provenance = _provenance
 pypi_file = _pypi_file

@@ -1,4 +1,4 @@
-"""`oci_image` (layout directory, docker-archive, digest) and `oci_load` (`bazel run` loads the image)."""
+"""`oci_image` (layout directory, docker-archive, digest), `oci_load` and `oci_push` (its `bazel run` targets)."""
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":oci_layer.bzl", "OciLayerInfo")
@@ -10,6 +10,15 @@ OciImageInfo = provider(
         "digest": "File: the image manifest digest (sha256:...)",
         "layout": "File: OCI image layout directory",
         "tag": "string: REPOSITORY:TAG of the image",
+    },
+)
+
+OciImageIndexInfo = provider(
+    doc = "An image index written by oci_image_index.",
+    fields = {
+        "digest": "File: the index digest (sha256:...)",
+        "index": "File: the index document (application/vnd.oci.image.index.v1+json)",
+        "layouts": "list of File: the image layout directories that hold every blob, in index order",
     },
 )
 
@@ -113,7 +122,56 @@ oci_load = rule(
     attrs = {"image": attr.label(mandatory = True, providers = [OciImageInfo])},
 )
 
+_PUSH_SCRIPT = """#!/usr/bin/env bash
+# Pushes {what} to the registry named on the command line. Written by oci_push.
+set -euo pipefail
+runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
+if [ "$#" -eq 0 ]; then
+    echo "usage: bazel run {label} -- REGISTRY/REPOSITORY[:TAG] [--plain-http] [--json]" >&2
+    exit 2
+fi
+exec "$runfiles/{tool}" {args} "$@"
+"""
+
+def _oci_push_impl(ctx):
+    target = ctx.attr.image
+    if OciImageIndexInfo in target:
+        info = target[OciImageIndexInfo]
+        layouts, files = info.layouts, [info.index]
+        args = ["--index", "\"$runfiles/%s\"" % info.index.short_path]
+    else:
+        layouts, files, args = [target[OciImageInfo].layout], [], []
+    for layout in layouts:
+        args += ["--layout", "\"$runfiles/%s\"" % layout.short_path]
+    script = ctx.actions.declare_file(ctx.label.name + ".sh")
+    ctx.actions.write(
+        output = script,
+        content = _PUSH_SCRIPT.format(
+            args = " ".join(args),
+            label = str(ctx.label),
+            tool = ctx.executable._pusher.short_path,
+            what = str(target.label),
+            workspace = ctx.workspace_name,
+        ),
+        is_executable = True,
+    )
+    runfiles = ctx.runfiles(files = layouts + files + [ctx.executable._pusher])
+    runfiles = runfiles.merge(ctx.attr._pusher[DefaultInfo].default_runfiles)
+    return [DefaultInfo(executable = script, runfiles = runfiles)]
+
+oci_push = rule(
+    implementation = _oci_push_impl,
+    doc = "`bazel run` target: push an oci_image or oci_image_index to `REGISTRY/REPOSITORY[:TAG]`, " +
+          "uploading only the blobs the registry lacks.",
+    executable = True,
+    attrs = {
+        "image": attr.label(mandatory = True, providers = [[OciImageInfo], [OciImageIndexInfo]]),
+        "_pusher": attr.label(default = Label("//sparkseal/actions:oci_push"), executable = True, cfg = "target"),
+    },
+)
+
 def oci_image(name, visibility = None, tags = None, testonly = None, **kwargs):
-    """An oci_image `name` plus its `name.load` runnable target (see _oci_image and oci_load)."""
+    """An oci_image `name` plus its runnable targets `name.load` and `name.push` (oci_load, oci_push)."""
     _oci_image(name = name, visibility = visibility, tags = tags, testonly = testonly, **kwargs)
     oci_load(name = name + ".load", image = ":" + name, visibility = visibility, tags = tags, testonly = testonly)
+    oci_push(name = name + ".push", image = ":" + name, visibility = visibility, tags = tags, testonly = testonly)

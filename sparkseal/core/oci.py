@@ -65,8 +65,8 @@ class LayoutImage:
         return list(self.manifest.get("layers", []))
 
 
-def read_image(layout: Path) -> LayoutImage:
-    """Read the image that ``index.json`` names; fail naming the file unless there is exactly one."""
+def read_image_entry(layout: Path) -> dict[str, Any]:
+    """The one descriptor of ``index.json``; fail naming the file unless there is exactly one."""
     index_path = layout / "index.json"
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
@@ -76,7 +76,15 @@ def read_image(layout: Path) -> LayoutImage:
     if not isinstance(manifests, list) or len(manifests) != 1:
         found = len(manifests) if isinstance(manifests, list) else "no list"
         raise LayoutError(f"{index_path}: expected exactly one manifest, found {found}")
-    digest = manifests[0].get("digest", "")
+    entry = manifests[0]
+    if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+        raise LayoutError(f"{index_path}: the manifest entry {entry!r} has no digest")
+    return entry
+
+
+def read_image(layout: Path) -> LayoutImage:
+    """Read the image that ``index.json`` names; fail naming the file unless there is exactly one."""
+    digest = read_image_entry(layout)["digest"]
     path = blob_path(layout, digest)
     try:
         manifest = json.loads(path.read_bytes())
