@@ -46,9 +46,10 @@ def loaded_image(real_workspace: Workspace) -> Iterator[str]:
         pytest.fail("podman is not installed: run make setup")
     result = real_workspace.bazel("build", f"//:image_{PLATFORM}", timeout=5400)
     assert result.returncode == 0, result.output[-6000:]
-    archive = real_workspace.bin_path(f"image_{PLATFORM}.tar")
-    loaded = _podman("--runtime", "runc", "load", "-i", str(archive))
-    assert loaded.returncode == 0, loaded.stderr
+    # The .load target streams the docker-archive from the OCI layout into podman (no .tar is built).
+    loaded = real_workspace.bazel("run", f"//:image_{PLATFORM}.load", timeout=1800)
+    assert loaded.returncode == 0, loaded.output[-6000:]
+    assert f"Loaded image: {TAG}" in loaded.output, loaded.output[-6000:]
     yield TAG
     _podman("rmi", "--force", TAG)  # ~10 GB of container storage
 

@@ -1,4 +1,5 @@
-"""OCI assembly: layout, docker-archive and digest; checked by skopeo, umoci, podman and a Bazel fixture."""
+"""OCI assembly: layout and digest, the docker-archive streamed from it; checked by skopeo, umoci, podman and
+a Bazel fixture."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 
 from sparkseal.actions import oci_image as oci
 from sparkseal.actions import oci_layer as layer
+from sparkseal.actions import oci_load
+from sparkseal.core.docker_archive import write_docker_archive
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.platforms import PLATFORMS, oci_platform
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
@@ -96,10 +99,13 @@ def make_layers(root: Path) -> list[oci.Layer]:
     return result
 
 
-def assemble(root: Path, platform: str = "linux_aarch64") -> Image:
+def assemble(root: Path, platform: str = "linux_aarch64", tag: str = TAG) -> Image:
+    """The fixture image's layout and digest file, and its docker-archive as ``oci_load`` writes it."""
     layers = make_layers(root / "in")
     layout, archive = root / "layout", root / "image.tar"
-    digest = oci.assemble(layers, platform, CONFIG, TAG, layout, archive, root / "image.digest")
+    digest = oci.assemble(layers, platform, CONFIG, tag, layout, root / "image.digest")
+    with archive.open("wb") as stream:
+        write_docker_archive(layout, stream, tag)
     return Image(layers, layout, archive, digest)
 
 
@@ -209,14 +215,14 @@ def test_unknown_platform_lists_the_known_ones(tmp_path: Path) -> None:
         oci_platform("linux_arm64")
     layers = make_layers(tmp_path / "in")
     with pytest.raises(oci.OciError, match="unknown platform 'arm64'"):
-        oci.assemble(layers, "arm64", CONFIG, TAG, tmp_path / "l", tmp_path / "a.tar", tmp_path / "d")
+        oci.assemble(layers, "arm64", CONFIG, TAG, tmp_path / "l", tmp_path / "d")
 
 
 def test_a_blob_that_does_not_match_its_descriptor_is_refused(tmp_path: Path) -> None:
     layers = make_layers(tmp_path / "in")
     layers[1].blob.write_bytes(layers[0].blob.read_bytes())
     with pytest.raises(oci.OciError) as raised:
-        oci.assemble(layers, "linux_aarch64", CONFIG, TAG, tmp_path / "l", tmp_path / "a.tar", tmp_path / "d")
+        oci.assemble(layers, "linux_aarch64", CONFIG, TAG, tmp_path / "l", tmp_path / "d")
     message = str(raised.value)
     assert f"layer //image:app: blob {layers[1].blob} has digest {layers[0].digest}" in message
     assert f"expected {layers[1].digest} and size {layers[1].size} from its descriptor" in message
@@ -253,7 +259,7 @@ def test_bad_tag_or_config_is_refused(
 ) -> None:
     layers = make_layers(tmp_path / "in")
     with pytest.raises(oci.OciError, match=re.escape(expected)):
-        oci.assemble(layers, "linux_aarch64", config, tag, tmp_path / "l", tmp_path / "a.tar", tmp_path / "d")
+        oci.assemble(layers, "linux_aarch64", config, tag, tmp_path / "l", tmp_path / "d")
 
 
 def test_no_layers_or_a_used_layout_directory_is_refused(
@@ -262,8 +268,6 @@ def test_no_layers_or_a_used_layout_directory_is_refused(
     outputs = [
         "--layout",
         str(tmp_path / "l"),
-        "--archive",
-        str(tmp_path / "a.tar"),
         "--digest",
         str(tmp_path / "d"),
     ]
@@ -338,10 +342,9 @@ def _podman() -> str:
 
 def test_podman_loads_the_docker_archive(tmp_path: Path) -> None:
     podman = _podman()
-    image = assemble(tmp_path)
     tag = f"sparkseal/fixture-load:{os.getpid()}"
-    archive = tmp_path / "tagged.tar"
-    oci.assemble(image.layers, "linux_aarch64", CONFIG, tag, tmp_path / "tagged", archive, tmp_path / "d")
+    image = assemble(tmp_path, tag=tag)
+    archive = image.archive
     config_digest = json.loads(blob(image, image.digest))["config"]["digest"]
     try:
         output = _run(podman, "--runtime", "runc", "load", "-i", str(archive))
@@ -452,12 +455,16 @@ def test_bazel_rules_build_the_same_image_as_the_programs(bazel_ws: Workspace, t
     # And the whole image equals the one assembled by the programs from the same inputs.
     image = assemble(tmp_path / "direct")
     assert (out / "image.digest").read_text() == image.digest
-    assert (out / "image.tar").read_bytes() == image.archive.read_bytes()
+    assert not (out / "image.tar").exists()  # no docker-archive is a build output
+    loaded = tmp_path / "loaded.tar"
+    result = bazel_ws.bazel("run", "//image:image.load", "--", "--output", str(loaded))
+    assert result.returncode == 0, result.output
+    assert loaded.read_bytes() == image.archive.read_bytes()
     if shutil.which("skopeo"):
         inspected = json.loads(_run("skopeo", "inspect", f"oci:{out / 'image'}:test"))
         assert inspected["Digest"] == image.digest
     script = (out / "image.load.sh").read_text()
-    assert "podman" in script and "image/image.tar" in script
+    assert "podman" in script and "sparkseal/actions/oci_load" in script and "image/image" in script
 
 
 @pytest.mark.bazel
@@ -492,3 +499,29 @@ def test_bazel_run_load_loads_into_podman(bazel_ws: Workspace) -> None:
     finally:
         subprocess.run([podman, "rmi", "--force", f"localhost/{tag}"], capture_output=True, check=False)
         (bazel_ws.root / "image" / "BUILD").write_text(IMAGE_BUILD.format(content="X = 1", tag=TAG))
+
+
+def test_load_program_streams_the_archive_to_a_pipe_or_a_file(tmp_path: Path) -> None:
+    image = assemble(tmp_path)
+    args = ["-m", "sparkseal.actions.oci_load", "--layout", str(image.layout), "--tag", TAG]
+    piped = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, check=True).stdout
+    assert piped == image.archive.read_bytes()
+    assert oci_load.main([*args[2:], "--output", str(tmp_path / "out.tar")]) == 0
+    assert (tmp_path / "out.tar").read_bytes() == piped
+    names = ["image.digest", "image.tar", "in", "layout", "out.tar"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no partial file left beside it
+
+
+def test_load_program_leaves_nothing_half_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    image = assemble(tmp_path)
+    layer = image.layers[0].digest.removeprefix("sha256:")
+    (image.layout / "blobs" / "sha256" / layer).unlink()  # a layout that lost a blob
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--layout", str(image.layout), "--tag", TAG, "--output", str(out / "image.tar")]
+    assert oci_load.main(args) == 1
+    assert layer in capsys.readouterr().err
+    assert list(out.iterdir()) == []
+    (image.layout / "index.json").unlink()
+    assert oci_load.main(args) == 1
+    assert f"{image.layout / 'index.json'}: not a readable OCI index" in capsys.readouterr().err

@@ -106,7 +106,7 @@ def test_a_blob_the_registry_rejects_fails_naming_registry_digest_status_and_mes
     code, _, err = _push(capsys, f"{registry.host}/sparkseal/fixture:bad", "--layout", str(image.layout))
     assert code == 1
     assert f"registry http://{registry.host}: upload of blob {layer.digest} to sparkseal/fixture (PUT)" in err
-    assert "HTTP 400: DIGEST_INVALID" in err
+    assert "HTTP 400: DIGEST_INVALID: provided digest did not match uploaded content" in err
     assert "PUT /v2/sparkseal/fixture/manifests/bad" not in " ".join(registry.requests())  # no tag made
 
 

@@ -1,4 +1,4 @@
-"""`oci_image` (layout directory, docker-archive, digest), `oci_load` and `oci_push` (its `bazel run` targets)."""
+"""`oci_image` (layout directory, digest), `oci_load` and `oci_push` (its `bazel run` targets)."""
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":oci_layer.bzl", "OciLayerInfo")
@@ -6,7 +6,6 @@ load(":oci_layer.bzl", "OciLayerInfo")
 OciImageInfo = provider(
     doc = "An image written by oci_image.",
     fields = {
-        "archive": "File: docker-archive tarball",
         "digest": "File: the image manifest digest (sha256:...)",
         "layout": "File: OCI image layout directory",
         "tag": "string: REPOSITORY:TAG of the image",
@@ -24,7 +23,6 @@ OciImageIndexInfo = provider(
 
 def _oci_image_impl(ctx):
     layout = ctx.actions.declare_directory(ctx.label.name)
-    archive = ctx.actions.declare_file(ctx.label.name + ".tar")
     digest = ctx.actions.declare_file(ctx.label.name + ".digest")
     tag = ctx.attr.tag or "sparkseal/%s:latest" % ctx.label.name
     args = ctx.actions.args()
@@ -48,25 +46,26 @@ def _oci_image_impl(ctx):
         args.add("--workdir", ctx.attr.workdir)
     if ctx.attr.user:
         args.add("--user", ctx.attr.user)
-    args.add_all(["--layout", layout.path, "--archive", archive, "--digest", digest], expand_directories = False)
+    args.add_all(["--layout", layout.path, "--digest", digest], expand_directories = False)
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
         inputs = inputs,
-        outputs = [layout, archive, digest],
+        outputs = [layout, digest],
         env = ACTION_ENV,
         mnemonic = "OciImage",
         progress_message = "Assembling image %s (%s)" % (tag, ctx.attr.platform),
     )
     return [
-        DefaultInfo(files = depset([layout, archive, digest])),
-        OciImageInfo(archive = archive, digest = digest, layout = layout, tag = tag),
-        OutputGroupInfo(archive = depset([archive]), digest = depset([digest]), layout = depset([layout])),
+        DefaultInfo(files = depset([layout, digest])),
+        OciImageInfo(digest = digest, layout = layout, tag = tag),
+        OutputGroupInfo(digest = depset([digest]), layout = depset([layout])),
     ]
 
 _oci_image = rule(
     implementation = _oci_image_impl,
-    doc = "An OCI image: layout directory `name`, docker-archive `name.tar`, manifest digest `name.digest`.",
+    doc = "An OCI image: layout directory `name` and manifest digest `name.digest` (no docker-archive: " +
+          "`name.load` streams one when run).",
     attrs = {
         "layers": attr.label_list(mandatory = True, providers = [OciLayerInfo], doc = "Bottom first."),
         "platform": attr.string(mandatory = True, doc = "linux_aarch64 or linux_x86_64."),
@@ -82,21 +81,26 @@ _oci_image = rule(
 )
 
 _LOAD_SCRIPT = """#!/usr/bin/env bash
-# Loads {tag} into podman (docker when podman is absent). Written by oci_load.
+# Loads {tag} into podman (docker when podman is absent), streaming the docker-archive from the image's
+# OCI layout; with `-- --output FILE` writes the archive to FILE instead. Written by oci_load.
 set -euo pipefail
 runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
-archive="$runfiles/{archive}"
-digest="$runfiles/{digest}"
+runfiles=$(cd "$runfiles" && pwd)
+tool=("$runfiles/{tool}" --layout "$runfiles/{layout}" --tag "{tag}")
+if [ "$#" -gt 0 ]; then
+    cd "${{BUILD_WORKING_DIRECTORY:-.}}"
+    exec "${{tool[@]}}" "$@"
+fi
 if command -v podman >/dev/null; then
     engine=podman
 elif command -v docker >/dev/null; then
     engine=docker
 else
-    echo "oci_load: neither podman nor docker is on PATH; load $archive with your container engine" >&2
+    echo "oci_load: neither podman nor docker is on PATH; write the archive with -- --output FILE" >&2
     exit 1
 fi
-"$engine" load -i "$archive"
-echo "{tag}: manifest $(cat "$digest")"
+"${{tool[@]}}" | "$engine" load
+echo "{tag}: manifest $(cat "$runfiles/{digest}")"
 """
 
 def _oci_load_impl(ctx):
@@ -105,21 +109,27 @@ def _oci_load_impl(ctx):
     ctx.actions.write(
         output = script,
         content = _LOAD_SCRIPT.format(
-            archive = image.archive.short_path,
             digest = image.digest.short_path,
+            layout = image.layout.short_path,
             tag = image.tag,
+            tool = ctx.executable._loader.short_path,
             workspace = ctx.workspace_name,
         ),
         is_executable = True,
     )
-    runfiles = ctx.runfiles(files = [image.archive, image.digest])
+    runfiles = ctx.runfiles(files = [image.layout, image.digest, ctx.executable._loader])
+    runfiles = runfiles.merge(ctx.attr._loader[DefaultInfo].default_runfiles)
     return [DefaultInfo(executable = script, runfiles = runfiles)]
 
 oci_load = rule(
     implementation = _oci_load_impl,
-    doc = "`bazel run` target: `podman load -i` (or `docker load -i`) of an oci_image's docker-archive.",
+    doc = "`bazel run` target: stream an oci_image's docker-archive into `podman load` (or `docker load`), " +
+          "or with `-- --output FILE` into a file.",
     executable = True,
-    attrs = {"image": attr.label(mandatory = True, providers = [OciImageInfo])},
+    attrs = {
+        "image": attr.label(mandatory = True, providers = [OciImageInfo]),
+        "_loader": attr.label(default = Label("//sparkseal/actions:oci_load"), executable = True, cfg = "target"),
+    },
 )
 
 _PUSH_SCRIPT = """#!/usr/bin/env bash

@@ -1,12 +1,12 @@
-"""Action: assemble an OCI image from layers: an image layout directory, a docker-archive, a digest file.
+"""Action: assemble an OCI image from layers: an image layout directory and a digest file.
 
 Every JSON document the image holds (config, manifest, index, ``oci-layout``, the docker ``manifest.json``)
 is written in one canonical form, because each digest is over exact bytes: the same image must have the same
 manifest digest on every machine. Every date is SOURCE_DATE_EPOCH, and every layer has a history entry with
 ``created`` set (umoci 0.4.7 panics on a history entry without it).
 
-The docker-archive holds the same blobs (gzip layers included, which ``docker load`` and ``podman load``
-decompress) under ``blobs/sha256/`` and a ``manifest.json`` naming them, with one repository tag.
+No docker-archive is written here: ``oci_load`` streams one from the layout when it is run
+(``sparkseal.core.docker_archive``), so a build writes the image once.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from sparkseal.core.oci import (
     canonical_json,
 )
 from sparkseal.core.platforms import OciPlatform, oci_platform
-from sparkseal.core.tar import CHUNK, TarWriter
+from sparkseal.core.tar import CHUNK
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # A docker reference without digest: optional registry host (a first component with a dot or a port, or
@@ -206,45 +206,20 @@ def write_layout(
     return str(config_blob["digest"]), str(manifest_blob["digest"])
 
 
-def write_docker_archive(
-    layout: Path, archive: Path, layers: list[Layer], config_digest: str, tag: str
-) -> None:
-    """Write a tarball for ``docker load`` / ``podman load``: the layout's blobs and a ``manifest.json``."""
-    split_tag(tag)
-    blob_name = "blobs/sha256/{}".format
-    manifest = [
-        {
-            "Config": blob_name(config_digest.removeprefix("sha256:")),
-            "Layers": [blob_name(layer.digest.removeprefix("sha256:")) for layer in layers],
-            "RepoTags": [tag],
-        }
-    ]
-    with archive.open("wb") as stream:
-        writer = TarWriter(stream)
-        writer.directory("blobs")
-        writer.directory("blobs/sha256")
-        for blob in sorted((layout / "blobs" / "sha256").iterdir()):
-            writer.file(blob_name(blob.name), 0o644, blob)
-        writer.data("manifest.json", canonical_json(manifest))
-        writer.close()
-
-
 def assemble(
     layers: list[Layer],
     platform_name: str,
     config: ImageConfig,
     tag: str,
     layout: Path,
-    archive: Path,
     digest_file: Path,
 ) -> str:
-    """Write the layout, the docker-archive and the digest file; return the image manifest digest."""
+    """Write the layout and the digest file; return the image manifest digest."""
     try:
         platform = oci_platform(platform_name)
     except ValueError as exc:
         raise OciError(str(exc)) from exc
-    config_digest, digest = write_layout(layout, layers, platform, config, tag)
-    write_docker_archive(layout, archive, layers, config_digest, tag)
+    _, digest = write_layout(layout, layers, platform, config, tag)
     digest_file.write_text(digest, encoding="ascii")
     return digest
 
@@ -278,7 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default="")
     parser.add_argument("--user", default="")
     parser.add_argument("--layout", type=Path, required=True, help="OCI image layout directory to write")
-    parser.add_argument("--archive", type=Path, required=True, help="docker-archive tarball to write")
     parser.add_argument("--digest", type=Path, required=True, help="file for the image manifest digest")
     args = parser.parse_args(argv)
     try:
@@ -291,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             labels=_key_values(args.label, "--label"),
             user=args.user,
         )
-        assemble(layers, args.platform, config, args.tag, args.layout, args.archive, args.digest)
+        assemble(layers, args.platform, config, args.tag, args.layout, args.digest)
     except OciError as exc:
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
