@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -336,3 +340,114 @@ def test_bazel_run_push_and_index_push(bazel_ws: Workspace, tmp_path: Path) -> N
             result.returncode == 2
             and "usage: bazel run //image:index.push -- REGISTRY/REPOSITORY" in result.output
         )
+
+
+# --- bearer-token authentication ------------------------------------------------------------------
+# Debian's registry signs tokens only with a token service of its own (certificates, JWTs); the client's
+# side of the exchange is checked against a loopback server that speaks it: a 401 with a Bearer challenge,
+# a token service that wants basic credentials, then the token on every request.
+
+TOKEN = "t0ken-for-push"
+
+
+class _TokenRegistry(http.server.BaseHTTPRequestHandler):
+    login = "pusher:s3cr3t-pw"
+    token_queries: list[dict[str, list[str]]] = []  # noqa: RUF012 - shared by the handler's instances
+    stored: dict[str, bytes] = {}  # noqa: RUF012
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
+        self.send_response(status)
+        for key, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+            return True
+        realm = f"http://{self.headers['Host']}/token"
+        challenge = f'Bearer realm="{realm}",service="fixture",scope="repository:sparkseal/fixture:pull,push"'
+        self._answer(401, {"WWW-Authenticate": challenge}, b'{"errors":[{"code":"UNAUTHORIZED"}]}')
+        return False
+
+    def do_GET(self) -> None:
+        parts = urllib.parse.urlsplit(self.path)
+        type(self).token_queries.append(urllib.parse.parse_qs(parts.query))
+        expected = "Basic " + base64.b64encode(self.login.encode()).decode()
+        if parts.path != "/token" or self.headers.get("Authorization") != expected:
+            self._answer(401)
+            return
+        self._answer(200, {"Content-Type": "application/json"}, json.dumps({"token": TOKEN}).encode())
+
+    def do_HEAD(self) -> None:
+        if self._authorized():
+            self._answer(200 if self.path.rsplit("/", 1)[1] in self.stored else 404)
+
+    def do_POST(self) -> None:
+        if self._authorized():
+            self._answer(202, {"Location": "/v2/sparkseal/fixture/blobs/uploads/1?state=x"})
+
+    def do_PUT(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if not self._authorized():
+            return
+        parts = urllib.parse.urlsplit(self.path)
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        if "/manifests/" in parts.path:
+            self._answer(201, {"Docker-Content-Digest": digest})
+            return
+        assert urllib.parse.parse_qs(parts.query) == {"state": ["x"], "digest": [digest]}
+        type(self).stored[digest] = body
+        self._answer(201)
+
+
+@pytest.fixture
+def token_registry() -> Iterator[str]:
+    _TokenRegistry.token_queries, _TokenRegistry.stored = [], {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TokenRegistry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("netrc_line", "error"),
+    [
+        ("machine 127.0.0.1 login pusher password s3cr3t-pw", ""),
+        ("machine 127.0.0.1 login pusher password wrong-pw", "answered HTTP 401 (credentials refused)"),
+        (
+            "machine other.example login pusher password s3cr3t-pw",
+            "answered HTTP 401 (no netrc credentials for this host)",
+        ),
+    ],
+)
+def test_bearer_token_from_netrc_credentials(
+    token_registry: str,
+    image: Image,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    netrc_line: str,
+    error: str,
+) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text(netrc_line + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    code, report, err = _push(capsys, f"{token_registry}/sparkseal/fixture:1", "--layout", str(image.layout))
+    assert "s3cr3t" not in err and "wrong-pw" not in err and TOKEN not in err
+    if not error:
+        assert code == 0, err
+        assert sorted(_TokenRegistry.stored) == sorted(report["uploaded"])  # type: ignore[arg-type]
+        assert _TokenRegistry.token_queries[0] == {
+            "scope": ["repository:sparkseal/fixture:pull,push"],
+            "service": ["fixture"],
+        }
+        return
+    assert code == 1
+    assert f"registry http://{token_registry}: token service http://{token_registry}/token {error}" in err
