@@ -58,7 +58,7 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
 
     Targets: `venv_<layer>_<platform>` (installed trees), `manifest_<platform>` (module manifest),
     `sbom_<platform>`, `layer_<layer>_<platform>` for base, torch, deps, vllm, sparkseal and app, and
-    `image_<platform>` with `image_<platform>.load`.
+    `image_<platform>` with `image_<platform>.load` and `image_<platform>.push`.
     """
     venv_layers = _venv_layers(platform, wheels_by_layer)
     for layer, wheels in venv_layers:
