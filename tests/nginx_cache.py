@@ -17,15 +17,12 @@ import grp
 import os
 import pwd
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 
-from tests.loopback import free_ports
+from tests.loopback import free_ports, terminate, wait_listening
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 WORKER_USER = "nobody"
@@ -149,35 +146,24 @@ class NginxCache:
 
     def _wait_until_listening(self, error_log: Path) -> None:
         assert self._proc is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                stderr = self._proc.stderr.read().decode() if self._proc.stderr else ""
-                log = error_log.read_text() if error_log.exists() else ""
-                code = self._proc.returncode
-                self._proc = None
-                self._cleanup()
-                raise RuntimeError(
-                    f"{NGINX}: exited with status {code} on start (expected to keep running): {stderr}{log}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"{NGINX}: not listening on 127.0.0.1:{self.port} after {START_TIMEOUT_S} s")
+        try:
+            code = wait_listening(self._proc, self.port, START_TIMEOUT_S)
+        except TimeoutError as error:
+            self.stop()
+            raise RuntimeError(f"{NGINX}: {error}") from None
+        if code is not None:
+            stderr = self._proc.stderr.read().decode() if self._proc.stderr else ""
+            log = error_log.read_text() if error_log.exists() else ""
+            self._proc = None
+            self._cleanup()
+            raise RuntimeError(
+                f"{NGINX}: exited with status {code} on start (expected to keep running): {stderr}{log}"
+            )
 
     def stop(self) -> None:
         """Stop the nginx master (SIGTERM, then SIGKILL after 10 s) and remove the server's directory."""
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.send_signal(signal.SIGTERM)
-                try:
-                    self._proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+            terminate(self._proc)
             if self._proc.stderr:
                 self._proc.stderr.close()
             self._proc = None

@@ -13,14 +13,11 @@ pull-only mirror would.
 from __future__ import annotations
 
 import shutil
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 from types import TracebackType
 
-from tests.loopback import free_ports
+from tests.loopback import free_ports, terminate, wait_listening
 
 REGISTRY = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 START_TIMEOUT_S = 15.0
@@ -103,32 +100,22 @@ class Registry:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._proc = None
-                raise RuntimeError(
-                    f"{REGISTRY}: exited with status {code} on start: {self.log.read_text()[-2000:]}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"{REGISTRY}: not listening on 127.0.0.1:{self.port} after {START_TIMEOUT_S} s")
+        try:
+            code = wait_listening(self._proc, self.port, START_TIMEOUT_S)
+        except TimeoutError as error:
+            self.stop()
+            raise RuntimeError(f"{REGISTRY}: {error}") from None
+        if code is not None:
+            self._proc = None
+            raise RuntimeError(
+                f"{REGISTRY}: exited with status {code} on start: {self.log.read_text()[-2000:]}"
+            )
+        return self
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s)."""
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.send_signal(signal.SIGTERM)
-                try:
-                    self._proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+            terminate(self._proc)
             self._proc = None
 
     def __enter__(self) -> Registry:
