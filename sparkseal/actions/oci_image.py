@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,23 +21,18 @@ from pathlib import Path
 from sparkseal.core.oci import (
     CONFIG_MEDIA_TYPE,
     CREATED,
+    DIGEST_RE,
     INDEX_MEDIA_TYPE,
     LAYER_MEDIA_TYPE,
     LAYOUT_VERSION,
     MANIFEST_MEDIA_TYPE,
     REF_NAME,
+    REPOSITORY_RE,
+    TAG_RE,
     canonical_json,
 )
 from sparkseal.core.platforms import OciPlatform, oci_platform
 from sparkseal.core.tar import CHUNK
-
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-# A docker reference without digest: optional registry host (a first component with a dot or a port, or
-# localhost, as docker tells them apart), lower-case path components, and a tag.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+"
-_REPOSITORY = re.compile(rf"(?:(?:{_HOST})/)?{_COMPONENT}(?:/{_COMPONENT})*")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 class OciError(Exception):
@@ -74,7 +68,7 @@ def load_layer(name: str, descriptor: Path, blob: Path) -> Layer:
             f"expected {LAYER_MEDIA_TYPE!r}"
         )
     for key in ("digest", "diff_id"):
-        if not isinstance(data.get(key), str) or not _DIGEST.fullmatch(data[key]):
+        if not isinstance(data.get(key), str) or not DIGEST_RE.fullmatch(data[key]):
             raise OciError(
                 f"layer descriptor {descriptor}: {key} is {data.get(key)!r}, "
                 f"expected 'sha256:' and 64 hex digits"
@@ -120,12 +114,12 @@ def split_tag(reference: str) -> tuple[str, str]:
     repository, colon, tag = reference.rpartition(":")
     if not colon or "/" in tag:
         raise OciError(f"tag {reference!r}: expected REPOSITORY:TAG, e.g. sparkseal/vllm:0.25.1")
-    if not _REPOSITORY.fullmatch(repository):
+    if not REPOSITORY_RE.fullmatch(repository):
         raise OciError(
             f"tag {reference!r}: repository {repository!r} is not a valid name "
             f"(expected lower-case components separated by '/')"
         )
-    if not _TAG.fullmatch(tag):
+    if not TAG_RE.fullmatch(tag):
         raise OciError(f"tag {reference!r}: tag {tag!r} is not valid (expected [A-Za-z0-9_][A-Za-z0-9_.-]*)")
     return repository, tag
 

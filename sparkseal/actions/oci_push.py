@@ -34,21 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from sparkseal.core.oci import (
+    DIGEST_RE,
     INDEX_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
     REF_NAME,
+    REPOSITORY_PATH_RE,
+    TAG_RE,
     LayoutError,
     blob_path,
     read_image_entry,
 )
+from sparkseal.core.tar import CHUNK
 
-# Bytes per read and per socket write while a blob streams: large enough for few system calls, small
-# enough that a multi-gigabyte layer never sits in memory.
-CHUNK = 1 << 20
 TIMEOUT_S = 300.0
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -77,12 +75,12 @@ def parse_reference(text: str) -> Reference:
             f"(e.g. registry.example:5000/sparkseal/vllm:0.25.1)"
         )
     repository, colon, tag = rest.partition(":")
-    if not _REPOSITORY.fullmatch(repository):
+    if not REPOSITORY_PATH_RE.fullmatch(repository):
         raise PushError(
             f"reference {text!r}: repository {repository!r} is not valid "
             f"(expected lower-case components separated by '/')"
         )
-    if colon and not _TAG.fullmatch(tag):
+    if colon and not TAG_RE.fullmatch(tag):
         raise PushError(
             f"reference {text!r}: tag {tag!r} is not valid (expected [A-Za-z0-9_][A-Za-z0-9_.-]*)"
         )
@@ -327,7 +325,7 @@ class Registry:
 
 def _push_blob(registry: Registry, source: Source, descriptor: dict[str, Any], report: Report) -> None:
     digest, size = descriptor.get("digest"), descriptor.get("size")
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest) or not isinstance(size, int):
+    if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest) or not isinstance(size, int):
         raise PushError(f"descriptor {descriptor!r}: expected a sha256 digest and a size")
     if any(digest == d for d, _ in report.uploaded + report.skipped):
         return

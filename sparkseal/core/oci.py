@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,17 @@ LAYOUT_VERSION = "1.0.0"
 
 # The OCI RFC 3339 form of SOURCE_DATE_EPOCH, for the config's and every history entry's ``created``.
 CREATED = datetime.datetime.fromtimestamp(SOURCE_DATE_EPOCH, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# The docker reference grammar, one definition for the image writer's tag and the push's reference.
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+# One path component of a repository: lower-case alphanumerics joined by '.', '_', '__' or dashes.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# A registry host as docker tells it apart from a path component: it has a dot or a port, or is localhost.
+_HOST = r"(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+"
+REPOSITORY_PATH_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+REPOSITORY_RE = re.compile(rf"(?:(?:{_HOST})/)?{REPOSITORY_PATH_RE.pattern}")
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 class LayoutError(ValueError):
