@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from vllm.config import VllmConfig, get_current_vllm_config_or_none
 from vllm.config.cache import CacheDType
@@ -188,8 +187,7 @@ class SparksealSparseMLAMetadataBuilder(AttentionMetadataBuilder[SparksealSparse
         fast_build: bool = False,
     ) -> SparksealSparseMLAMetadata:
         cm = common_attn_metadata
-        starts = np.asarray(cm.query_start_loc_cpu, dtype=np.int64)
-        req_ids = rules.token_request_ids(torch.from_numpy(starts)).numpy()
+        req_ids = rules.token_request_ids(cm.query_start_loc_cpu).numpy()
         # Padded rows of a captured batch read request 0's row of the block table; their output is
         # discarded, and slots come out of the table, so they never index outside the cache.
         self.req_id_per_token_buffer.fill_(0)
@@ -234,13 +232,13 @@ class SparksealSparseMLAImpl(SparseMLAAttentionImpl[SparksealSparseMLAMetadata])
         ]
         if attn_type != AttentionType.DECODER:
             unsupported.append(f"attention type {attn_type}")
+        # Layers with an indexer share its buffer; skip-topk layers get the same buffer passed directly.
+        buffer = indexer.topk_indices_buffer if indexer is not None else topk_indices_buffer
         reason = rules.kv_cache_reason(kv_cache_dtype)
         if reason is None:
             reason = rules.model_reason(
                 num_heads=num_heads,
-                index_topk=None
-                if topk_indices_buffer is None and indexer is None
-                else _topk(indexer, topk_indices_buffer),
+                index_topk=None if buffer is None else int(buffer.shape[-1]),
                 kv_lora_rank=mla_args.get("kv_lora_rank", 0),
                 qk_rope_head_dim=mla_args.get("qk_rope_head_dim", 0),
                 decode_context_parallel_size=self.dcp_world_size,
@@ -256,7 +254,7 @@ class SparksealSparseMLAImpl(SparseMLAAttentionImpl[SparksealSparseMLAMetadata])
         self.kv_cache_dtype = kv_cache_dtype
         self.layout = rules.KV_CACHE_LAYOUTS[kv_cache_dtype].name
         self.max_smem_bytes = rules.max_smem_bytes()
-        self.topk_indices_buffer = indexer.topk_indices_buffer if indexer is not None else topk_indices_buffer
+        self.topk_indices_buffer = buffer
         self.supports_quant_query_input = False
 
     def forward_mqa(
@@ -291,9 +289,3 @@ class SparksealSparseMLAImpl(SparseMLAAttentionImpl[SparksealSparseMLAMetadata])
             max_smem_bytes=self.max_smem_bytes,
         )
         return out, None
-
-
-def _topk(indexer: Any, buffer: torch.Tensor | None) -> int:
-    """The width of the rows the indexer writes (the shared buffer's last dimension)."""
-    source = indexer.topk_indices_buffer if indexer is not None else buffer
-    return int(source.shape[-1])
