@@ -9,18 +9,21 @@ import os
 import stat
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from sparkseal.actions.wheel_install import (
+from sparkseal.actions import module_manifest, oci_layer
+from sparkseal.core import manifest
+from sparkseal.core.determinism import SOURCE_DATE_EPOCH
+from sparkseal.core.install import (
     InstallError,
     install_wheels,
     pyvenv_cfg,
     read_replaces,
 )
-from sparkseal.core.determinism import SOURCE_DATE_EPOCH
 from sparkseal.core.wheels import supported_tags, tag_rank
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 
@@ -324,3 +327,128 @@ def test_command_line_with_a_params_file(tmp_path: Path, installer_wheel: Path) 
     assert done.stderr.startswith(
         f"sparkseal: {wheels[0]}: tags {AARCH64} do not install on CPython 3.11 on linux_x86_64"
     )
+
+
+def _layer_args(out: Path, *extra: str) -> list[str]:
+    return [*extra, "--blob", str(out / "l.tar.gz"), "--descriptor", str(out / "l.json")]
+
+
+def _layer_members(blob: Path) -> dict[str, tuple[int, bytes]]:
+    """name -> (mode, content) of every member of a gzip layer (content empty for non-files)."""
+    with tarfile.open(blob, "r:gz") as archive:
+        return {
+            m.name: (m.mode, archive.extractfile(m).read() if m.isfile() else m.linkname.encode())  # type: ignore[union-attr]
+            for m in archive.getmembers()
+        }
+
+
+@pytest.mark.network
+def test_a_wheel_layer_equals_the_layer_of_the_installed_tree_and_keeps_no_tree(
+    tmp_path: Path, installer_wheel: Path
+) -> None:
+    wheels = _fixture_wheels(tmp_path / "wheels")
+    tree = tmp_path / "tree"
+    install_wheels(wheels, tree, "linux_aarch64", installer_wheel, write_pyvenv_cfg=False)
+    from_tree, from_wheels = tmp_path / "from-tree", tmp_path / "from-wheels"
+    from_tree.mkdir()
+    from_wheels.mkdir()
+    link = ["--symlink", "/opt/venv/bin/python3", "/usr/bin/python3.11"]
+    assert oci_layer.main(_layer_args(from_tree, "--tree", str(tree), "/", *link)) == 0
+    wheel_args = [arg for wheel in wheels for arg in ("--wheel", str(wheel))]
+    modules = from_wheels / "l.modules.json"
+    common = ["--platform", "linux_aarch64", "--installer", str(installer_wheel), "--modules", str(modules)]
+    assert oci_layer.main(_layer_args(from_wheels, *wheel_args, *common, *link, "--no-pyvenv-cfg")) == 0
+
+    # Same bytes as installing first and writing the tree, and nothing left of the scratch install.
+    for name in ("l.tar.gz", "l.json"):
+        assert (from_wheels / name).read_bytes() == (from_tree / name).read_bytes()
+    assert sorted(p.name for p in from_wheels.iterdir()) == ["l.json", "l.modules.json", "l.tar.gz"]
+    members = _layer_members(from_wheels / "l.tar.gz")
+    assert members["opt/venv/bin/python3"] == (0o777, b"/usr/bin/python3.11")
+    assert members[f"{SITE}/beta/_ext.so"] == (0o755, SO)
+    assert "opt/venv/pyvenv.cfg" not in members
+    # The layer's module manifest is that of the installed files.
+    assert manifest.load_manifest(modules) == manifest.tree_manifest(tree, "/opt/venv")
+
+
+@pytest.mark.network
+def test_the_image_manifest_from_layer_manifests_equals_the_stacked_trees(
+    tmp_path: Path, installer_wheel: Path
+) -> None:
+    alpha_beta = _fixture_wheels(tmp_path / "wheels")
+    gamma = make_wheel(tmp_path / "wheels", "gamma", "3.0", files={"gamma/__init__.py": b"G = 3\n"})
+    parts, trees = [], []
+    for n, (wheels, pyvenv) in enumerate([(alpha_beta, True), ([gamma], False)]):
+        out = tmp_path / f"layer{n}"
+        out.mkdir()
+        tree = tmp_path / f"tree{n}"
+        install_wheels(wheels, tree, "linux_aarch64", installer_wheel, write_pyvenv_cfg=pyvenv)
+        trees.append(tree)
+        part = out / "l.modules.json"
+        flags = [] if pyvenv else ["--no-pyvenv-cfg"]
+        args = [arg for wheel in wheels for arg in ("--wheel", str(wheel))]
+        args += ["--platform", "linux_aarch64", "--installer", str(installer_wheel), "--modules", str(part)]
+        assert oci_layer.main(_layer_args(out, *args, *flags)) == 0
+        parts.append(part)
+    merged, stacked = tmp_path / "merged.json", tmp_path / "stacked.json"
+    assert module_manifest.main(["--part", str(parts[0]), "--part", str(parts[1]), "--out", str(merged)]) == 0
+    tree_args = [arg for tree in trees for arg in ("--tree", str(tree))]
+    assert module_manifest.main([*tree_args, "--out", str(stacked)]) == 0
+    assert merged.read_bytes() == stacked.read_bytes()
+    assert "gamma" in manifest.load_manifest(merged)["distributions"]
+
+
+@pytest.mark.network
+def test_layer_manifests_that_overlap_are_refused(
+    tmp_path: Path, installer_wheel: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheels = _fixture_wheels(tmp_path / "wheels")
+    out = tmp_path / "layer"
+    out.mkdir()
+    part = out / "l.modules.json"
+    args = [arg for wheel in wheels for arg in ("--wheel", str(wheel))]
+    args += ["--platform", "linux_aarch64", "--installer", str(installer_wheel), "--modules", str(part)]
+    assert oci_layer.main(_layer_args(out, *args, "--no-pyvenv-cfg")) == 0
+    again = tmp_path / "again.modules.json"
+    data = manifest.load_manifest(part)
+    again.write_text(manifest.dumps(data))
+    merged = tmp_path / "merged.json"
+    assert module_manifest.main(["--part", str(part), "--part", str(again), "--out", str(merged)]) == 1
+    assert (
+        f"module_manifest: distribution alpha is in two layers: {part} and {again}" in capsys.readouterr().err
+    )
+    assert not merged.exists()
+
+    # A distribution of another name that claims one of the same files.
+    data["distributions"] = {"other": {**data["distributions"]["beta"], "name": "other"}}
+    again.write_text(manifest.dumps(data))
+    assert module_manifest.main(["--part", str(part), "--part", str(again), "--out", str(merged)]) == 1
+    err = capsys.readouterr().err
+    assert f"is in two layers: {part} and {again}" in err
+    assert "module_manifest: lib/python3.11/site-packages/beta-2.0.dist-info/METADATA is in two layers" in err
+
+
+def test_wheel_layer_flags_come_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wheel = tmp_path / "alpha-1.0-py3-none-any.whl"
+    with pytest.raises(SystemExit) as exit_info:
+        oci_layer.main(_layer_args(tmp_path, "--wheel", str(wheel), "--platform", "linux_aarch64"))
+    assert exit_info.value.code == 2
+    assert "--wheel needs --installer, --modules" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        oci_layer.main(_layer_args(tmp_path, "--modules", str(tmp_path / "m.json")))
+    assert "--modules given without --wheel" in capsys.readouterr().err
+
+
+@pytest.mark.network
+def test_a_bad_wheel_in_a_layer_is_named_and_leaves_no_scratch(
+    tmp_path: Path, installer_wheel: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "wheels" / "alpha-1.0-py3-none-any.whl"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a zip")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--wheel", str(bad), "--platform", "linux_aarch64", "--installer", str(installer_wheel)]
+    assert oci_layer.main(_layer_args(out, *args, "--modules", str(out / "m.json"))) == 1
+    assert capsys.readouterr().err.startswith(f"sparkseal: {bad}: not a valid wheel")
+    assert list(out.iterdir()) == []

@@ -11,7 +11,6 @@ load(":module_manifest.bzl", "module_manifest")
 load(":oci_image.bzl", "oci_image")
 load(":oci_layer.bzl", "oci_layer")
 load(":provenance.bzl", "sbom")
-load(":wheel_install.bzl", "wheel_install")
 
 TORCH_LAYER = "torch"
 DEPS_LAYER = "deps"
@@ -56,24 +55,15 @@ def _venv_layers(platform, wheels_by_layer):
 def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_allow, visibility = None):
     """Every target of one platform's image: `image_<platform>` and what it is made of.
 
-    Targets: `venv_<layer>_<platform>` (installed trees), `manifest_<platform>` (module manifest),
-    `sbom_<platform>`, `layer_<layer>_<platform>` for base, torch, deps, vllm, sparkseal and app, and
-    `image_<platform>` with `image_<platform>.load` and `image_<platform>.push`.
+    Targets: `manifest_<platform>` (module manifest), `sbom_<platform>`, `layer_<layer>_<platform>` for
+    base, torch, deps, vllm, sparkseal and app, and `image_<platform>` with `image_<platform>.load` and
+    `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
+    tree is an output (bench/results/build.md has what that saves).
     """
     venv_layers = _venv_layers(platform, wheels_by_layer)
-    for layer, wheels in venv_layers:
-        wheel_install(
-            name = "venv_%s_%s" % (layer, platform),
-            platform = platform,
-            pyvenv_cfg = layer == TORCH_LAYER,
-            replaces = "//third_party/python:replaces.json",
-            wheels = wheels,
-            visibility = visibility,
-        )
     module_manifest(
         name = "manifest_" + platform,
-        prefix = VENV,
-        trees = [":venv_%s_%s" % (layer, platform) for layer, _ in venv_layers],
+        layers = [":layer_%s_%s" % (layer, platform) for layer, _ in venv_layers],
         visibility = visibility,
     )
 
@@ -97,12 +87,17 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         scan_allow = scan_allow,
         visibility = visibility,
     )
-    for layer, _ in venv_layers:
+    for layer, wheels in venv_layers:
         oci_layer(
             name = "layer_%s_%s" % (layer, platform),
+            installer = "@python_tools_any_installer//file",
+            platform = platform,
+            pyvenv_cfg = layer == TORCH_LAYER,
+            replaces = "//third_party/python:replaces.json",
             scan_allow = scan_allow,
             symlinks = PYTHON_LINKS if layer == TORCH_LAYER else {},
-            trees = {":venv_%s_%s" % (layer, platform): "/"},
+            venv = VENV,
+            wheels = wheels,
             visibility = visibility,
         )
     oci_layer(

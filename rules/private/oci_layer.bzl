@@ -1,7 +1,8 @@
-"""`oci_layer`: one deterministic image layer (tar, gzip blob, descriptor) from trees, files and links."""
+"""`oci_layer`: one deterministic image layer (tar, gzip blob, descriptor) from trees, files, links and wheels."""
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":debian.bzl", "DebianRootfsInfo")
+load(":platforms.bzl", "PLATFORMS")
 
 OciLayerInfo = provider(
     doc = "One image layer written by oci_layer.",
@@ -10,6 +11,8 @@ OciLayerInfo = provider(
         "descriptor": "File: JSON with diff_id, digest, mediaType and size",
         "tar": "File: the uncompressed layer, or None unless keep_tar",
         "scan_report": "File: the layer's clean secret-scan report, or None when scan = False",
+        "modules": "File: the module manifest of the layer's wheels (sparkseal/core/manifest.py), or None " +
+                   "for a layer without wheels",
     },
 )
 
@@ -31,7 +34,10 @@ def _oci_layer_impl(ctx):
     tar = ctx.actions.declare_file(ctx.label.name + ".tar") if ctx.attr.keep_tar else None
     blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
     descriptor = ctx.actions.declare_file(ctx.label.name + ".json")
+    modules = ctx.actions.declare_file(ctx.label.name + ".modules.json") if ctx.files.wheels else None
     args = ctx.actions.args()
+    args.use_param_file("@%s", use_always = True)
+    args.set_param_file_format("multiline")
     inputs = []
     for target, dest in ctx.attr.trees.items():
         for f in target.files.to_list():
@@ -70,22 +76,39 @@ def _oci_layer_impl(ctx):
         args.add_all(["--dir", dest])
     for dest, mode in ctx.attr.modes.items():
         args.add_all(["--mode", dest, mode])
+    if modules:
+        if not ctx.attr.platform:
+            fail("sparkseal: %s: wheels need platform (one of %s)" % (ctx.label, ", ".join(PLATFORMS)))
+        if not ctx.file.installer:
+            fail("sparkseal: %s: wheels need installer (the locked installer wheel, " % ctx.label +
+                 "@python_tools_any_installer//file)")
+        args.add_all(ctx.files.wheels, before_each = "--wheel")
+        args.add_all(["--platform", ctx.attr.platform, "--installer", ctx.file.installer])
+        args.add_all(["--venv", ctx.attr.venv, "--modules", modules])
+        if not ctx.attr.pyvenv_cfg:
+            args.add("--no-pyvenv-cfg")
+        inputs += ctx.files.wheels + [ctx.file.installer]
+        if ctx.file.replaces:
+            args.add("--replaces", ctx.file.replaces)
+            inputs.append(ctx.file.replaces)
     if tar:
         args.add("--tar", tar)
     args.add_all(["--blob", blob, "--descriptor", descriptor])
+    outputs = [f for f in (tar, blob, descriptor, modules) if f]
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
         inputs = inputs,
-        outputs = [f for f in (tar, blob, descriptor) if f],
+        outputs = outputs,
         env = ACTION_ENV,
         mnemonic = "OciLayer",
         progress_message = "Writing image layer %s" % ctx.label,
+        execution_requirements = {"block-network": "1"},
     )
     scan_report = _scan(ctx, blob) if ctx.attr.scan else None
     return [
-        DefaultInfo(files = depset([f for f in (tar, blob, descriptor) if f])),
-        OciLayerInfo(blob = blob, descriptor = descriptor, tar = tar, scan_report = scan_report),
+        DefaultInfo(files = depset(outputs)),
+        OciLayerInfo(blob = blob, descriptor = descriptor, tar = tar, scan_report = scan_report, modules = modules),
         OutputGroupInfo(scan = depset([scan_report] if scan_report else [])),
     ]
 
@@ -122,7 +145,12 @@ oci_layer = rule(
 A tree's links and permission bits are not read (the sandbox hides them): declare links in `links`
 specs or `symlinks`; a file is 0755 when it starts with ELF magic or `#!`, else 0644, unless `modes`
 says otherwise. Empty directories of a tree are not written; declare them in `dirs` specs (with mode
-and owner) or `directories`.""",
+and owner) or `directories`.
+
+`wheels` are installed into the layer's virtual environment at `venv` (tags checked against `platform`,
+no code run, no bytecode) in a scratch directory of the action that only the layer's tar keeps: no
+installed tree is a build output. Such a layer also writes `name.modules.json`, the module manifest of the
+wheels' files, which `module_manifest(layers = ...)` merges into the image's.""",
     attrs = {
         "trees": attr.label_keyed_string_dict(
             allow_files = True,
@@ -144,6 +172,19 @@ and owner) or `directories`.""",
         "symlinks": attr.string_dict(doc = "Image path -> symlink target."),
         "directories": attr.string_list(doc = "Image directories to write even when empty."),
         "modes": attr.string_dict(doc = "Image path -> octal mode (files 0644/0755, dirs 0755/1777)."),
+        "wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels to install into the venv at `venv`."),
+        "platform": attr.string(values = [""] + PLATFORMS, doc = "Target wheel platform (with `wheels`)."),
+        "venv": attr.string(default = "/opt/venv", doc = "Path of the virtual environment in the image."),
+        "pyvenv_cfg": attr.bool(default = False, doc = "Write the venv's pyvenv.cfg (in one layer only)."),
+        "replaces": attr.label(
+            allow_single_file = [".json"],
+            doc = "Policy naming the projects whose files another project may replace, with reasons.",
+        ),
+        "installer": attr.label(
+            allow_single_file = [".whl"],
+            doc = "The locked `installer` wheel (with `wheels`; `@python_tools_any_installer//file`). No " +
+                  "default, so that layers without wheels do not need the python_tools hub.",
+        ),
         "keep_tar": attr.bool(doc = "Also write `name.tar`, the uncompressed layer (for inspection)."),
         "scan": attr.bool(
             default = True,

@@ -18,6 +18,13 @@ The tar is POSIX ustar: entries sorted by path, every parent directory written e
 0:0 (a dirs spec may give a directory another owner) with empty user and group names, mtime
 SOURCE_DATE_EPOCH, no hard links, no device files. A pax header is written only for a path, link target or
 size that ustar cannot hold, and then holds only that record.
+
+A layer of wheels (``--wheel``, with ``--platform``, ``--installer`` and ``--modules``) installs them
+(``sparkseal.core.install``) into a scratch directory of the action, writes them as a tree at ``/`` and
+writes the module manifest of their files to ``--modules``; the scratch directory is removed when the
+layer is written, so the build keeps the compressed layer and not the installed files (several GB for
+torch and the CUDA wheels). The layer's bytes are those of the same wheels installed by ``wheel_install``
+and written as a tree.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import os
 import stat
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -40,11 +48,14 @@ from sparkseal.core.determinism import (
     STICKY_DIR_MODE,
     UID,
 )
+from sparkseal.core.install import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
+from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
+from sparkseal.core.wheels import PLATFORMS, WheelError
 
 # gzip level of layer blobs. On the vLLM + torch trees (bench/results/compression.md) level 6 is 0.8% larger
 # than level 9 for a quarter of its CPU time, and 12% smaller than level 1.
@@ -382,7 +393,7 @@ def plan_layer(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
     pair = {"action": "append", "nargs": 2, "default": []}
     parser.add_argument("--tree", **pair, metavar=("DIR", "DEST"), help="directory tree -> image prefix")
     parser.add_argument("--file", **pair, metavar=("SRC", "DEST"), help="single file -> image path")
@@ -391,24 +402,60 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--symlink", **pair, metavar=("DEST", "TARGET"), help="one symlink")
     parser.add_argument("--dir", action="append", default=[], metavar="DEST", help="explicit directory")
     parser.add_argument("--mode", **pair, metavar=("DEST", "MODE"), help="mode override (octal)")
+    wheels = parser.add_argument_group("wheels", "install wheels into the layer's virtual environment")
+    wheels.add_argument("--wheel", type=Path, action="append", default=[], help="a wheel to install")
+    wheels.add_argument("--platform", choices=PLATFORMS, help="target wheel platform")
+    wheels.add_argument("--installer", type=Path, help="the locked installer wheel")
+    wheels.add_argument("--venv", default=DEFAULT_PREFIX, help=f"venv path in the image ({DEFAULT_PREFIX})")
+    wheels.add_argument("--no-pyvenv-cfg", action="store_true", help="leave pyvenv.cfg to another layer")
+    wheels.add_argument("--replaces", type=Path, help="JSON policy: which project may replace whose files")
+    wheels.add_argument("--modules", type=Path, help="write the module manifest of the wheels' files here")
     parser.add_argument("--tar", type=Path, help="also write the uncompressed layer tar here")
     parser.add_argument("--blob", type=Path, required=True, help="gzip blob to write")
     parser.add_argument("--descriptor", type=Path, required=True, help="JSON descriptor to write")
     args = parser.parse_args(argv)
+    needed = {"--platform": args.platform, "--installer": args.installer, "--modules": args.modules}
+    missing = [flag for flag, value in needed.items() if value is None]
+    if args.wheel and missing:
+        parser.error(f"--wheel needs {', '.join(missing)}")
+    if not args.wheel and len(missing) < len(needed):
+        parser.error(f"{', '.join(f for f in needed if f not in missing)} given without --wheel")
     try:
-        entries = plan_layer(
-            trees=[(Path(d), dest) for d, dest in args.tree],
-            files=[(Path(s), dest) for s, dest in args.file],
-            links=[(Path(j), dest) for j, dest in args.links],
-            dirs=[(Path(j), dest) for j, dest in args.dirs],
-            symlinks=[tuple(s) for s in args.symlink],
-            directories=args.dir,
-            modes=[tuple(m) for m in args.mode],
-        )
-        descriptor = write_layer(entries, args.tar, args.blob)
-    except (LayerError, TarError, OSError) as exc:
+        with contextlib.ExitStack() as stack:
+            trees = [(Path(d), dest) for d, dest in args.tree]
+            modules = None
+            if args.wheel:
+                # Beside the outputs, so on the output tree's filesystem rather than a small /tmp.
+                scratch = Path(
+                    stack.enter_context(tempfile.TemporaryDirectory(prefix=".wheels-", dir=args.blob.parent))
+                )
+                replaces = read_replaces(args.replaces) if args.replaces else {}
+                install_wheels(
+                    args.wheel,
+                    scratch,
+                    args.platform,
+                    args.installer,
+                    args.venv,
+                    not args.no_pyvenv_cfg,
+                    replaces,
+                )
+                modules = tree_manifest(scratch, args.venv)
+                trees.append((scratch, "/"))
+            entries = plan_layer(
+                trees=trees,
+                files=[(Path(s), dest) for s, dest in args.file],
+                links=[(Path(j), dest) for j, dest in args.links],
+                dirs=[(Path(j), dest) for j, dest in args.dirs],
+                symlinks=[tuple(s) for s in args.symlink],
+                directories=args.dir,
+                modes=[tuple(m) for m in args.mode],
+            )
+            descriptor = write_layer(entries, args.tar, args.blob)
+    except (LayerError, TarError, InstallError, WheelError, ManifestError, OSError) as exc:
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
+    if modules is not None:
+        args.modules.write_text(dumps(modules), encoding="ascii")
     args.descriptor.write_text(json.dumps(descriptor, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return 0
 

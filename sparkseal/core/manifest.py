@@ -256,6 +256,60 @@ def merge_trees(trees: Sequence[Path], scratch: Path) -> Path:
     return scratch
 
 
+def merge_manifests(parts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The manifest of the virtual environment that several layers make together, from each layer's own.
+
+    Each part is ``(where, manifest)``: the tree manifest of one layer's files (``tree_manifest`` of what
+    that layer installs), named by ``where`` in errors. Merging gives the same bytes as ``tree_manifest`` of
+    the stacked trees, so the layer actions need not keep their installed files for a manifest action to
+    read: a distribution may appear in one part only, a path in one part only, and the unowned buckets join.
+    """
+    if not parts:
+        raise ManifestError("no layer manifests to merge; expected at least one")
+    sources = {json.dumps(manifest.get("source"), sort_keys=True) for _, manifest in parts}
+    first_where, first = parts[0]
+    source = first.get("source")
+    if not isinstance(source, dict) or source.get("kind") != "tree" or len(sources) != 1:
+        found = sorted(sources)
+        raise ManifestError(
+            f"{first_where}: expected tree manifests of one prefix and site-packages, found sources {found}"
+        )
+    site_rel = str(source["site_packages"])
+    owners: dict[str, str] = {}  # venv-relative path -> the part that holds it
+    listing: dict[str, str] = {}
+    dists: dict[str, Distribution] = {}
+    dist_where: dict[str, str] = {}
+    unowned = Distribution(UNOWNED, None)
+    for where, manifest in parts:
+        if manifest.get("format") != FORMAT:
+            raise ManifestError(f"{where}: expected format {FORMAT!r}, found {manifest.get('format')!r}")
+        try:
+            entries = [
+                (key, entry["name"], entry["version"], entry["files"], entry["install_files"])
+                for key, entry in manifest["distributions"].items()
+            ]
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ManifestError(
+                f"{where}: expected distributions of name, version, files and install_files: {error!r}"
+            ) from error
+        for key, name, version, *file_maps in entries:
+            if key in dist_where:
+                raise ManifestError(f"distribution {key} is in two layers: {dist_where[key]} and {where}")
+            dist = unowned if key == UNOWNED else Distribution(name, version)
+            if key != UNOWNED:
+                dists[key], dist_where[key] = dist, where
+            for files in file_maps:
+                for file_key, digest in files.items():
+                    rel = posixpath.normpath(f"{site_rel}/{file_key}")
+                    if rel in owners:
+                        raise ManifestError(f"{rel} is in two layers: {owners[rel]} and {where}")
+                    owners[rel] = where
+                    listing[rel] = digest
+                    dist.add(file_key, digest)
+    merged = [*dists.values(), *([unowned] if unowned.files or unowned.install_files else [])]
+    return _manifest(source, listing, merged)
+
+
 # A PEX holds one chroot per wheel under .deps/<wheel file name>: a pre-installed wheel (site-packages
 # content at its root, scripts and data in a stash directory named by .layout.json) or, built with
 # --no-pre-install-wheels, the wheel itself (data under <name>.data/).
