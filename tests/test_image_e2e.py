@@ -1,15 +1,20 @@
-"""End to end: build the linux/amd64 image, load it into podman and run it (no GPU needed).
+"""End to end: build each platform's image, load it into podman and run it (no GPU needed).
 
-It builds the whole image from the locked closure (~4 GB of wheels, fetched once into the repository
-cache), so it is marked ``image``; ``make test`` runs it, ``pytest -m "not image"`` skips it.
+The linux/amd64 image runs natively on an x86_64 machine; the linux/arm64 image (the product, for GB10)
+runs there under qemu-user emulation, through the binfmt_misc handler that `make setup` registers. Each
+builds the whole image from the locked closure (~4 GB of wheels per platform, fetched once into the
+repository cache), so the module is marked ``image``; ``make test`` runs it, ``pytest -m "not image"``
+skips it. One platform's image is removed from podman before the next is loaded (~10 GB of storage each).
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +22,11 @@ from tests.bazel_util import REPO, Workspace
 
 pytestmark = [pytest.mark.bazel, pytest.mark.network, pytest.mark.image]
 
-PLATFORM = "linux_x86_64"
 LOCK = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
-TAG = f"localhost/sparkseal/vllm:{LOCK['version']}-{PLATFORM}"
+# Bazel platform -> the machine name `uname -m` prints where its binaries run natively.
+PLATFORMS = {"linux_x86_64": "x86_64", "linux_aarch64": "aarch64"}
 SPECULATOR = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
 # runc instead of crun, and explicit ulimits: what rootful podman needs on a CI machine (FACTS.md).
 PODMAN_RUN = [
     "podman",
@@ -40,18 +46,33 @@ def _podman(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-@pytest.fixture(scope="module")
-def loaded_image(real_workspace: Workspace) -> Iterator[str]:
+def _tag(bazel_platform: str) -> str:
+    return f"localhost/sparkseal/vllm:{LOCK['version']}-{bazel_platform}"
+
+
+def _check_emulation(machine: str) -> None:
+    if platform.machine() == machine:
+        return
+    handler = BINFMT / f"qemu-{machine}"
+    if not handler.is_file() or "enabled" not in handler.read_text():
+        pytest.fail(f"{handler}: no enabled qemu-user handler to run {machine} binaries: run make setup")
+
+
+@pytest.fixture(scope="module", params=list(PLATFORMS))
+def loaded_image(request: pytest.FixtureRequest, real_workspace: Workspace) -> Iterator[str]:
+    bazel_platform: str = request.param
     if shutil.which("podman") is None:
         pytest.fail("podman is not installed: run make setup")
-    result = real_workspace.bazel("build", f"//:image_{PLATFORM}", timeout=5400)
+    _check_emulation(PLATFORMS[bazel_platform])
+    result = real_workspace.bazel("build", f"//:image_{bazel_platform}", timeout=5400)
     assert result.returncode == 0, result.output[-6000:]
     # The .load target streams the docker-archive from the OCI layout into podman (no .tar is built).
-    loaded = real_workspace.bazel("run", f"//:image_{PLATFORM}.load", timeout=1800)
+    loaded = real_workspace.bazel("run", f"//:image_{bazel_platform}.load", timeout=1800)
     assert loaded.returncode == 0, loaded.output[-6000:]
-    assert f"Loaded image: {TAG}" in loaded.output, loaded.output[-6000:]
-    yield TAG
-    _podman("rmi", "--force", TAG)  # ~10 GB of container storage
+    tag = _tag(bazel_platform)
+    assert f"Loaded image: {tag}" in loaded.output, loaded.output[-6000:]
+    yield tag
+    _podman("rmi", "--force", tag)  # ~10 GB of container storage
 
 
 def _run(image: str, *command: str, entrypoint: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -86,6 +107,33 @@ def test_manifest_check_passes_inside_the_image(loaded_image: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["vllm", "torch", "sparkseal"]
     assert all(line.endswith("OK") for line in done.stdout.splitlines())
+
+
+def test_serve_refuses_an_image_whose_torch_differs(loaded_image: str) -> None:
+    """An image derived from ours with one torch file changed: the entrypoint names it and exits 1."""
+    changed = "/opt/venv/lib/python3.11/site-packages/torch/version.py"
+    name = f"sparkseal-derive-{loaded_image.rsplit('-', 1)[-1]}"
+    derived = f"localhost/sparkseal/derived:{loaded_image.rsplit(':', 1)[-1]}"
+    _podman("rm", "--force", name)
+    edit = _podman(
+        "--runtime", "runc", "run", "--name", name, "--network=none", "--entrypoint", "/bin/sh",
+        loaded_image, "-c", f"echo '# changed' >> {changed}",
+    )  # fmt: skip
+    try:
+        assert edit.returncode == 0, edit.stderr[-4000:]
+        committed = _podman("commit", name, derived)
+        assert committed.returncode == 0, committed.stderr[-4000:]
+        done = subprocess.run(
+            [*PODMAN_RUN, derived, "/models/none"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+    finally:
+        _podman("rm", "--force", name)
+        _podman("rmi", "--force", derived)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "torch/version.py" in done.stderr, done.stderr[-4000:]
+    assert "sparkseal: refusing to serve: the installed modules differ from the image" in done.stderr
+    assert "starting vllm serve" not in done.stderr
 
 
 # Runs inside the image (CPU only): our attention backend as vLLM resolves and validates it, the layer

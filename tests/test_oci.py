@@ -20,10 +20,20 @@ import pytest
 from sparkseal.actions import oci_image as oci
 from sparkseal.actions import oci_layer as layer
 from sparkseal.actions import oci_load
+from sparkseal.core import oci as oci_core
 from sparkseal.core.docker_archive import write_docker_archive
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.platforms import PLATFORMS, oci_platform
-from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import (
+    BAZEL,
+    MINIMAL_WORKSPACE,
+    REPO,
+    Workspace,
+    base_env,
+    make_fixture_workspace,
+    process_summary,
+)
+from tests.nginx_cache import NGINX, NginxCache
 
 SCRIPT = b"#!/bin/sh\necho tool\n"
 TAG = "sparkseal/fixture:test"
@@ -110,7 +120,7 @@ def assemble(root: Path, platform: str = "linux_aarch64", tag: str = TAG) -> Ima
 
 
 def blob(image: Image, digest: str) -> bytes:
-    return (image.layout / "blobs" / "sha256" / digest.removeprefix("sha256:")).read_bytes()
+    return oci_core.blob_path(image.layout, digest).read_bytes()
 
 
 def test_layout_has_canonical_documents_and_consistent_digests(tmp_path: Path) -> None:
@@ -119,6 +129,11 @@ def test_layout_has_canonical_documents_and_consistent_digests(tmp_path: Path) -
     assert (tmp_path / "image.digest").read_text() == image.digest
     for path in (image.layout / "blobs" / "sha256").iterdir():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name
+    # The layout holds the documents; the layer blobs stay where the layer writer put them.
+    assert len(list((image.layout / "blobs" / "sha256").iterdir())) == 2
+    external = (image.layout / oci_core.EXTERNAL_BLOBS).read_bytes()
+    assert json.loads(external) == {lay.digest: f"../in/{lay.blob.name}" for lay in image.layers}
+    assert external == oci.canonical_json(json.loads(external))
     index_bytes = (image.layout / "index.json").read_bytes()
     index = json.loads(index_bytes)
     assert index_bytes == oci.canonical_json(index)  # sorted keys, no spaces, no trailing newline
@@ -193,9 +208,9 @@ def test_two_assemblies_in_different_dirs_umask_and_tz_are_identical(tmp_path: P
 
     first, second = snapshot(tmp_path / "a"), snapshot(tmp_path / "b/c")
     assert first == second
-    assert (
-        len([name for name in first if name.startswith("layout/blobs/")]) == 4
-    )  # 2 layers, config, manifest
+    # config and manifest; the layers are named by the external-blobs file
+    assert len([name for name in first if name.startswith("layout/blobs/")]) == 2
+    assert f"layout/{oci_core.EXTERNAL_BLOBS}" in first
 
 
 def test_x86_64_maps_to_amd64_without_variant(tmp_path: Path) -> None:
@@ -218,14 +233,51 @@ def test_unknown_platform_lists_the_known_ones(tmp_path: Path) -> None:
         oci.assemble(layers, "arm64", CONFIG, TAG, tmp_path / "l", tmp_path / "d")
 
 
-def test_a_blob_that_does_not_match_its_descriptor_is_refused(tmp_path: Path) -> None:
-    layers = make_layers(tmp_path / "in")
-    layers[1].blob.write_bytes(layers[0].blob.read_bytes())
-    with pytest.raises(oci.OciError) as raised:
-        oci.assemble(layers, "linux_aarch64", CONFIG, TAG, tmp_path / "l", tmp_path / "d")
-    message = str(raised.value)
-    assert f"layer //image:app: blob {layers[1].blob} has digest {layers[0].digest}" in message
-    assert f"expected {layers[1].digest} and size {layers[1].size} from its descriptor" in message
+def test_a_layer_blob_that_is_not_the_one_described_is_refused_by_its_readers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = assemble(tmp_path)
+    app = image.layers[1]
+    app.blob.chmod(0o644)
+    app.blob.write_bytes(image.layers[0].blob.read_bytes())  # another file at the layer's path
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--layout", str(image.layout), "--tag", TAG]
+    assert oci_load.main([*args, "--output", str(out / "image.tar")]) == 1
+    err = capsys.readouterr().err
+    size = image.layers[0].size
+    assert (
+        f"sparkseal: load: {image.layout / '..' / 'in' / app.blob.name}: blob {app.digest} has {size} bytes"
+        in err
+    )
+    assert f"expected {app.size}" in err
+    assert oci_load.main([*args, "--oci-layout", str(out / "layout")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"expected the blob {app.digest}, found sha256:{image.layers[0].digest.removeprefix('sha256:')}"
+        in err
+    )
+    assert list(out.iterdir()) == []  # nothing half-written
+
+
+def test_the_complete_layout_holds_every_blob_linked_and_reads_the_same(tmp_path: Path) -> None:
+    image = assemble(tmp_path)
+    dest = tmp_path / "complete"
+    args = ["--layout", str(image.layout), "--tag", TAG, "--oci-layout", str(dest)]
+    assert oci_load.main(args) == 0
+    names = sorted(p.name for p in (dest / "blobs" / "sha256").iterdir())
+    config = json.loads(blob(image, image.digest))["config"]["digest"]
+    digests = [*(lay.digest for lay in image.layers), image.digest, config]
+    assert names == sorted(d.removeprefix("sha256:") for d in digests)
+    assert not (dest / oci_core.EXTERNAL_BLOBS).exists()
+    for one in image.layers:
+        linked = dest / "blobs" / "sha256" / one.digest.removeprefix("sha256:")
+        assert linked.stat().st_ino == one.blob.stat().st_ino  # a hard link, not a copy
+    assert (dest / "index.json").read_bytes() == (image.layout / "index.json").read_bytes()
+    with (tmp_path / "again.tar").open("wb") as stream:
+        write_docker_archive(dest, stream, TAG)
+    assert (tmp_path / "again.tar").read_bytes() == image.archive.read_bytes()
+    assert oci_load.main(args) == 1  # the directory is no longer new
 
 
 @pytest.mark.parametrize(
@@ -326,9 +378,11 @@ def _rootfs(root: Path) -> dict[str, tuple[str, int | None, bytes | str | None]]
 def test_umoci_stats_and_unpacks_files_with_their_modes(tmp_path: Path) -> None:
     umoci = _tool("umoci")
     image = assemble(tmp_path)
-    history = _run(umoci, "stat", "--image", f"{image.layout}:test")
+    layout = tmp_path / "complete"  # umoci reads ordinary layouts only
+    oci_core.write_complete_layout(image.layout, layout)
+    history = _run(umoci, "stat", "--image", f"{layout}:test")
     assert "//image:base" in history and "1980-01-01T00:00:00Z" in history
-    _run(umoci, "raw", "unpack", "--rootless", "--image", f"{image.layout}:test", str(tmp_path / "rootfs"))
+    _run(umoci, "raw", "unpack", "--rootless", "--image", f"{layout}:test", str(tmp_path / "rootfs"))
     assert _rootfs(tmp_path / "rootfs") == EXPECTED_ROOTFS
 
 
@@ -360,6 +414,8 @@ def test_podman_loads_the_docker_archive(tmp_path: Path) -> None:
 # --- Bazel: the rules on a fixture workspace -----------------------------------------------------------
 
 BAZEL_WORKSPACE = MINIMAL_WORKSPACE
+# The layer blobs of the fixture image, beside its layout in bazel-bin/image.
+LAYER_BLOBS = ("base.tar.gz", "app.tar.gz")
 
 TREE_BZL = """\
 def _fixture_tree_impl(ctx):
@@ -460,6 +516,14 @@ def test_bazel_rules_build_the_same_image_as_the_programs(bazel_ws: Workspace, t
     result = bazel_ws.bazel("run", "//image:image.load", "--", "--output", str(loaded))
     assert result.returncode == 0, result.output
     assert loaded.read_bytes() == image.archive.read_bytes()
+    # The layout in bazel-bin holds config and manifest only; .load writes a complete one on request.
+    assert len(list((out / "image" / "blobs" / "sha256").iterdir())) == 2
+    complete = tmp_path / "complete"
+    result = bazel_ws.bazel("run", "//image:image.load", "--", "--oci-layout", str(complete))
+    assert result.returncode == 0, result.output
+    for path in (complete / "blobs" / "sha256").iterdir():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name
+    assert len(list((complete / "blobs" / "sha256").iterdir())) == 4
     if shutil.which("skopeo"):
         inspected = json.loads(_run("skopeo", "inspect", f"oci:{out / 'image'}:test"))
         assert inspected["Digest"] == image.digest
@@ -515,7 +579,7 @@ def test_load_program_streams_the_archive_to_a_pipe_or_a_file(tmp_path: Path) ->
 def test_load_program_leaves_nothing_half_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     image = assemble(tmp_path)
     layer = image.layers[0].digest.removeprefix("sha256:")
-    (image.layout / "blobs" / "sha256" / layer).unlink()  # a layout that lost a blob
+    image.layers[0].blob.unlink()  # a layer blob the layout names is gone
     out = tmp_path / "out"
     out.mkdir()
     args = ["--layout", str(image.layout), "--tag", TAG, "--output", str(out / "image.tar")]
@@ -525,3 +589,44 @@ def test_load_program_leaves_nothing_half_written(tmp_path: Path, capsys: pytest
     (image.layout / "index.json").unlink()
     assert oci_load.main(args) == 1
     assert f"{image.layout / 'index.json'}: not a readable OCI index" in capsys.readouterr().err
+
+
+@pytest.mark.bazel
+@pytest.mark.skipif(not Path(NGINX).exists(), reason=f"{NGINX} is missing (.ci/setup installs nginx)")
+def test_a_cache_hit_image_downloads_no_layer_until_it_is_loaded(tmp_path: Path) -> None:
+    """Builds without the bytes: the image target is kilobytes; the layers come down only for .load."""
+    first, second = _bazel_workspace(tmp_path / "a" / "ws"), _bazel_workspace(tmp_path / "b" / "ws")
+    with NginxCache() as cache:
+        flags = ["--config=remote-cache", f"--remote_cache={cache.url}"]
+        try:
+            built = first.bazel("build", *flags, "//image:image")
+            assert built.returncode == 0, built.output
+            out = first.bin_path("image")
+            layers = {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in LAYER_BLOBS}
+            assert set(layers.values()) <= {p.name for p in (cache.root / "cas").iterdir()}
+            fetched_before = len(cache.access_log())
+
+            hit = second.bazel("build", *flags, "--remote_download_toplevel", "//image:image")
+            assert hit.returncode == 0, hit.output
+            assert "remote cache hit" in process_summary(hit.output), hit.output
+            gets = [
+                line.split()[1] for line in cache.access_log()[fetched_before:] if line.startswith("GET ")
+            ]
+            assert not [g for g in gets if g.removeprefix("/cas/") in layers.values()], gets
+            out_b = second.bin_path("image")
+            assert (out_b / "image.digest").read_text() == (out / "image.digest").read_text()
+            assert not [name for name in LAYER_BLOBS if (out_b / name).exists()]
+
+            # .load reads the layers: Bazel 4.2.3 does not download a run target's runfiles under
+            # --remote_download_toplevel, so the run asks for every output; the archive is the first clone's.
+            archives = []
+            for ws in (first, second):
+                target = tmp_path / f"{ws.root.parent.name}.tar"
+                loaded = ws.bazel("run", *flags, "--remote_download_outputs=all", "//image:image.load", "--",
+                                  "--output", str(target))  # fmt: skip
+                assert loaded.returncode == 0, loaded.output
+                archives.append(target.read_bytes())
+            assert archives[0] == archives[1]
+        finally:
+            first.shutdown()
+            second.shutdown()

@@ -19,7 +19,7 @@ import pytest
 
 from sparkseal.actions import oci_image_index as index_action
 from sparkseal.actions import oci_push as push
-from sparkseal.core.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE
+from sparkseal.core.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, blob_path
 from tests.bazel_util import BAZEL, REPO, Workspace
 from tests.registry_server import REGISTRY, Registry
 from tests.test_oci import IMAGE_BUILD, TAG, Image, _bazel_workspace, assemble, blob
@@ -105,7 +105,8 @@ def test_a_blob_the_registry_rejects_fails_naming_registry_digest_status_and_mes
 ) -> None:
     # Same size, other bytes: only the registry's digest check can tell.
     layer = image.layers[1]
-    path = image.layout / "blobs" / "sha256" / layer.digest.removeprefix("sha256:")
+    path = blob_path(image.layout, layer.digest)  # the layer writer's file, which the layout names
+    assert path.resolve() == layer.blob.resolve()
     path.write_bytes(bytes(len(path.read_bytes())))
     code, _, err = _push(capsys, f"{registry.host}/sparkseal/fixture:bad", "--layout", str(image.layout))
     assert code == 1

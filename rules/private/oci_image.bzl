@@ -7,7 +7,9 @@ OciImageInfo = provider(
     doc = "An image written by oci_image.",
     fields = {
         "digest": "File: the image manifest digest (sha256:...)",
-        "layout": "File: OCI image layout directory",
+        "layout": "File: OCI image layout directory: documents only; its layer blobs are `blobs`",
+        "blobs": "depset of File: the layer blobs the layout names in sparkseal-external-blobs.json " +
+                 "(paths relative to the layout); readers need them beside it, e.g. in runfiles",
         "tag": "string: REPOSITORY:TAG of the image",
     },
 )
@@ -17,7 +19,8 @@ OciImageIndexInfo = provider(
     fields = {
         "digest": "File: the index digest (sha256:...)",
         "index": "File: the index document (application/vnd.oci.image.index.v1+json)",
-        "layouts": "list of File: the image layout directories that hold every blob, in index order",
+        "layouts": "list of File: the image layout directories, in index order",
+        "blobs": "depset of File: the layer blobs of every image (see OciImageInfo.blobs)",
     },
 )
 
@@ -29,8 +32,11 @@ def _oci_image_impl(ctx):
     inputs = []
     for layer in ctx.attr.layers:
         info = layer[OciLayerInfo]
-        args.add_all(["--layer", label_string(layer.label), info.descriptor, info.blob])
-        inputs += [info.descriptor, info.blob]
+
+        # The blob's path only: the layout names it (sparkseal-external-blobs.json) and never reads it, so
+        # a cache hit on the image downloads no layer.
+        args.add_all(["--layer", label_string(layer.label), info.descriptor, info.blob.path])
+        inputs.append(info.descriptor)
 
         # Not read by the image writer: an input so that no image is assembled from a layer whose scan
         # found a secret (the scan action then writes no report and fails).
@@ -56,16 +62,19 @@ def _oci_image_impl(ctx):
         mnemonic = "OciImage",
         progress_message = "Assembling image %s (%s)" % (tag, ctx.attr.platform),
     )
+    blobs = depset([layer[OciLayerInfo].blob for layer in ctx.attr.layers])
     return [
         DefaultInfo(files = depset([layout, digest])),
-        OciImageInfo(digest = digest, layout = layout, tag = tag),
-        OutputGroupInfo(digest = depset([digest]), layout = depset([layout])),
+        OciImageInfo(digest = digest, layout = layout, blobs = blobs, tag = tag),
+        OutputGroupInfo(digest = depset([digest]), layout = depset([layout]), blobs = blobs),
     ]
 
 _oci_image = rule(
     implementation = _oci_image_impl,
-    doc = "An OCI image: layout directory `name` and manifest digest `name.digest` (no docker-archive: " +
-          "`name.load` streams one when run).",
+    doc = "An OCI image: layout directory `name` and manifest digest `name.digest`, kilobytes: the layout " +
+          "names its layer blobs where the layer actions wrote them (output group `blobs`; `name.load` and " +
+          "`name.push` carry them as runfiles). No docker-archive: `name.load` streams one when run, and " +
+          "`bazel run name.load -- --oci-layout DIR` writes an ordinary, complete OCI layout.",
     attrs = {
         "layers": attr.label_list(mandatory = True, providers = [OciLayerInfo], doc = "Bottom first."),
         "platform": attr.string(mandatory = True, doc = "linux_aarch64 or linux_x86_64."),
@@ -82,7 +91,8 @@ _oci_image = rule(
 
 _LOAD_SCRIPT = """#!/usr/bin/env bash
 # Loads {tag} into podman (docker when podman is absent), streaming the docker-archive from the image's
-# OCI layout; with `-- --output FILE` writes the archive to FILE instead. Written by oci_load.
+# OCI layout; with `-- --output FILE` writes the archive to FILE instead, with `-- --oci-layout DIR` a
+# complete OCI layout. Written by oci_load.
 set -euo pipefail
 runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
 runfiles=$(cd "$runfiles" && pwd)
@@ -117,7 +127,7 @@ def _oci_load_impl(ctx):
         ),
         is_executable = True,
     )
-    runfiles = ctx.runfiles(files = [image.layout, image.digest, ctx.executable._loader])
+    runfiles = ctx.runfiles(files = [image.layout, image.digest, ctx.executable._loader], transitive_files = image.blobs)
     runfiles = runfiles.merge(ctx.attr._loader[DefaultInfo].default_runfiles)
     return [DefaultInfo(executable = script, runfiles = runfiles)]
 
@@ -147,10 +157,11 @@ def _oci_push_impl(ctx):
     target = ctx.attr.image
     if OciImageIndexInfo in target:
         info = target[OciImageIndexInfo]
-        layouts, files = info.layouts, [info.index]
+        layouts, files, blobs = info.layouts, [info.index], info.blobs
         args = ["--index", "\"$runfiles/%s\"" % info.index.short_path]
     else:
-        layouts, files, args = [target[OciImageInfo].layout], [], []
+        image = target[OciImageInfo]
+        layouts, files, blobs, args = [image.layout], [], image.blobs, []
     for layout in layouts:
         args += ["--layout", "\"$runfiles/%s\"" % layout.short_path]
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
@@ -165,7 +176,7 @@ def _oci_push_impl(ctx):
         ),
         is_executable = True,
     )
-    runfiles = ctx.runfiles(files = layouts + files + [ctx.executable._pusher])
+    runfiles = ctx.runfiles(files = layouts + files + [ctx.executable._pusher], transitive_files = blobs)
     runfiles = runfiles.merge(ctx.attr._pusher[DefaultInfo].default_runfiles)
     return [DefaultInfo(executable = script, runfiles = runfiles)]
 

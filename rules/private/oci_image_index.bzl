@@ -21,13 +21,18 @@ def _oci_image_index_impl(ctx):
     )
     return [
         DefaultInfo(files = depset([index, digest])),
-        OciImageIndexInfo(digest = digest, index = index, layouts = layouts),
+        OciImageIndexInfo(
+            digest = digest,
+            index = index,
+            layouts = layouts,
+            blobs = depset(transitive = [image[OciImageInfo].blobs for image in ctx.attr.images]),
+        ),
     ]
 
 _oci_image_index = rule(
     implementation = _oci_image_index_impl,
     doc = "An OCI image index `name.json` (and `name.digest`) over oci_images of different platforms. " +
-          "It holds no blobs: `name.push` reads them from the images' layouts.",
+          "It holds no blobs: `name.push` reads them from the images' layouts and layer blobs.",
     attrs = {
         "images": attr.label_list(mandatory = True, providers = [OciImageInfo], doc = "One per platform."),
         "_tool": tool("//sparkseal/actions:oci_image_index"),

@@ -5,8 +5,11 @@ is written in one canonical form, because each digest is over exact bytes: the s
 manifest digest on every machine. Every date is SOURCE_DATE_EPOCH, and every layer has a history entry with
 ``created`` set (umoci 0.4.7 panics on a history entry without it).
 
-No docker-archive is written here: ``oci_load`` streams one from the layout when it is run
-(``sparkseal.core.docker_archive``), so a build writes the image once.
+The layout holds the config and manifest blobs; the layer blobs stay where the layer actions wrote them,
+named by the layout's ``sparkseal-external-blobs.json`` (``sparkseal.core.oci.EXTERNAL_BLOBS``), so the
+image costs kilobytes on top of its layers. ``bazel run //:image.load -- --oci-layout DIR`` writes an
+ordinary, complete layout for tools that want one. No docker-archive is written here either: ``oci_load``
+streams one when it is run (``sparkseal.core.docker_archive``), so a build writes the image once.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +26,7 @@ from sparkseal.core.oci import (
     CONFIG_MEDIA_TYPE,
     CREATED,
     DIGEST_RE,
+    EXTERNAL_BLOBS,
     INDEX_MEDIA_TYPE,
     LAYER_MEDIA_TYPE,
     LAYOUT_VERSION,
@@ -32,7 +37,6 @@ from sparkseal.core.oci import (
     canonical_json,
 )
 from sparkseal.core.platforms import OciPlatform, oci_platform
-from sparkseal.core.tar import CHUNK
 
 
 class OciError(Exception):
@@ -145,27 +149,23 @@ def _write_blob(layout: Path, data: bytes, media_type: str) -> dict[str, object]
     return {"digest": digest, "mediaType": media_type, "size": len(data)}
 
 
-def copy_layer_blob(layer: Layer, layout: Path) -> None:
-    """Copy ``layer``'s blob into the layout, checking its digest and size against the descriptor."""
-    target = _blob_path(layout, layer.digest)
-    if target.exists():
-        return  # the same layer twice: one blob serves both
-    digest, size = hashlib.sha256(), 0
-    try:
-        with layer.blob.open("rb") as source, target.open("wb") as sink:
-            while chunk := source.read(CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                sink.write(chunk)
-    except OSError as exc:
-        raise OciError(f"layer {layer.name}: cannot copy blob {layer.blob}: {exc}") from exc
-    actual = "sha256:" + digest.hexdigest()
-    if (actual, size) != (layer.digest, layer.size):
-        target.unlink()
-        raise OciError(
-            f"layer {layer.name}: blob {layer.blob} has digest {actual} and size {size}, "
-            f"expected {layer.digest} and size {layer.size} from its descriptor"
-        )
+def external_blob_paths(layers: list[Layer], layout: Path) -> dict[str, str]:
+    """Each layer blob's path relative to the layout directory, by digest (``EXTERNAL_BLOBS``).
+
+    The blobs stay where the layer actions wrote them: the layout names them instead of holding a copy,
+    so an image build writes its layers once. Paths are relative, so the same layout reads them in
+    bazel-bin, in a runfiles tree and in a remote worker's output tree. The blobs are not read here (they
+    are not even inputs of the action): the layer action wrote each blob with its descriptor, and load,
+    push and ``sparkseal provenance check`` check sizes or digests when they read them.
+    """
+    paths: dict[str, str] = {}
+    for layer in layers:
+        where = os.path.relpath(layer.blob, layout)
+        if paths.setdefault(layer.digest, where) != where:
+            raise OciError(
+                f"layer {layer.name}: blob {layer.digest} is given as {paths[layer.digest]} and {where}"
+            )
+    return dict(sorted(paths.items()))
 
 
 def write_layout(
@@ -181,8 +181,7 @@ def write_layout(
             f"layout directory {layout}: expected it empty, found {sorted(layout.iterdir())[0].name}"
         )
     (layout / "blobs" / "sha256").mkdir(parents=True)
-    for layer in layers:
-        copy_layer_blob(layer, layout)
+    (layout / EXTERNAL_BLOBS).write_bytes(canonical_json(external_blob_paths(layers, layout)))
     config_blob = _write_blob(
         layout, canonical_json(image_config(layers, platform, config)), CONFIG_MEDIA_TYPE
     )

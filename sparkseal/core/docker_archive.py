@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkseal.core.oci import blob_path, canonical_json, read_image
+from sparkseal.core.oci import LayoutError, blob_path, canonical_json, read_image
 from sparkseal.core.tar import TarWriter, Writable
 
 # Members are plain files of the archive, read by the engine: one mode for all, as in the layout.
@@ -30,6 +30,18 @@ def write_docker_archive(layout: Path, stream: Writable, tag: str) -> None:
             "RepoTags": [tag],
         }
     ]
+    # Sizes before the first byte is written: a blob kept outside the layout (``EXTERNAL_BLOBS``) that is
+    # missing or is another file fails here, with nothing sent to the engine.
+    for descriptor in [image.manifest["config"], *image.layers]:
+        path = blob_path(layout, descriptor["digest"])
+        try:
+            size = path.stat().st_size
+        except OSError as error:
+            raise LayoutError(f"{path}: blob {descriptor['digest']} is not readable: {error}") from error
+        if size != descriptor.get("size"):
+            raise LayoutError(
+                f"{path}: blob {descriptor['digest']} has {size} bytes, expected {descriptor.get('size')}"
+            )
     writer = TarWriter(stream)
     writer.directory("blobs")
     writer.directory("blobs/sha256")

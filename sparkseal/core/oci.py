@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
+from sparkseal.core.digests import sha256_file
 
 # The OCI media type of gzip-compressed layers: the compression every consumer of our images reads. zstd
 # layers are refused by umoci 0.4.7 and cannot go into a docker-archive (bench/results/compression.md).
@@ -53,10 +56,69 @@ def canonical_json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+# The image-layout specification lets a layout leave referenced blobs out of ``blobs/`` for an external store
+# to supply. Ours keeps each layer's blob where the layer action wrote it (beside the layout in bazel-bin and
+# in runfiles) instead of copying gigabytes into the layout, and names those files here: a JSON object
+# ``{"sha256:<hex>": "path relative to the layout directory"}``.
+EXTERNAL_BLOBS = "sparkseal-external-blobs.json"
+
+
+def external_blobs(layout: Path) -> dict[str, str]:
+    """The blobs the layout keeps outside ``blobs/``: digest -> path relative to the layout ({} if none)."""
+    path = layout / EXTERNAL_BLOBS
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise LayoutError(f"{path}: not a readable JSON object: {error}") from error
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and DIGEST_RE.fullmatch(k) and isinstance(v, str) and v and not v.startswith("/")
+        for k, v in data.items()
+    ):
+        raise LayoutError(f"{path}: expected {{'sha256:<64 hex>': 'relative/path'}}, found {data!r:.200}")
+    return data
+
+
 def blob_path(layout: Path, digest: str) -> Path:
-    """The file of blob ``digest`` (``sha256:<hex>``) inside the layout directory."""
+    """The file of blob ``digest`` (``sha256:<hex>``): in the layout's ``blobs/``, else where it names it.
+
+    A blob in neither place gives its path under ``blobs/``, so that the caller's error names where an
+    ordinary layout would hold it.
+    """
     algorithm, _, hexdigest = digest.partition(":")
-    return layout / "blobs" / algorithm / hexdigest
+    inside = layout / "blobs" / algorithm / hexdigest
+    if inside.is_file():
+        return inside
+    outside = external_blobs(layout).get(digest)
+    return layout / outside if outside is not None else inside
+
+
+def write_complete_layout(layout: Path, dest: Path) -> None:
+    """Write ``layout`` as an ordinary OCI layout at ``dest`` (absent or empty), every blob in ``blobs/``.
+
+    Blobs are hard-linked where ``dest`` is on the same file system, otherwise copied; each external blob
+    is checked against its digest first. For tools that read only ordinary layouts (``skopeo copy oci:``,
+    umoci).
+    """
+    if dest.exists() and any(dest.iterdir()):
+        raise LayoutError(f"{dest}: expected an empty or absent directory for the layout")
+    external = external_blobs(layout)
+    (dest / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    for name in ("oci-layout", "index.json"):
+        shutil.copyfile(layout / name, dest / name)
+    digests = {p.name: p for p in (layout / "blobs" / "sha256").iterdir()}
+    digests.update({d.removeprefix("sha256:"): layout / rel for d, rel in external.items()})
+    for hexdigest, source in sorted(digests.items()):
+        if not source.is_file():
+            raise LayoutError(f"{layout}: blob sha256:{hexdigest} is not at {source}")
+        if f"sha256:{hexdigest}" in external and (actual := sha256_file(source)) != hexdigest:
+            raise LayoutError(f"{source}: expected the blob sha256:{hexdigest}, found sha256:{actual}")
+        target = dest / "blobs" / "sha256" / hexdigest
+        try:
+            os.link(source.resolve(), target)
+        except OSError:
+            shutil.copyfile(source, target)
 
 
 def is_layout(path: Path) -> bool:

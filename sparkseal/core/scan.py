@@ -40,6 +40,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from sparkseal.core.catalogue import Catalogue, CatalogueError
+from sparkseal.core.oci import LayoutError, blob_path
 
 DEFAULT_ALLOW = Path(".sparkseal-scan-allow.json")
 SKIP_DIRS = {".git"}
@@ -493,12 +494,22 @@ class _Source:
                     f"{path}: expected an OCI layout directory or an image archive: {error}"
                 ) from error
 
+    def _file(self, name: str) -> Path:
+        # A layout directory may keep blobs outside blobs/ (sparkseal.core.oci.EXTERNAL_BLOBS).
+        algorithm, _, hexdigest = name.removeprefix("blobs/").partition("/")
+        if name.startswith("blobs/") and not (self.path / name).is_file():
+            try:
+                return blob_path(self.path, f"{algorithm}:{hexdigest}")
+            except LayoutError as error:
+                raise ScanInputError(str(error)) from error
+        return self.path / name
+
     def has(self, name: str) -> bool:
-        return (self.path / name).is_file() if self.tar is None else name in self.members
+        return self._file(name).is_file() if self.tar is None else name in self.members
 
     def open(self, name: str) -> IO[bytes]:
         if self.tar is None:
-            return open(self.path / name, "rb")  # the caller closes it
+            return open(self._file(name), "rb")  # the caller closes it
         stream = self.tar.extractfile(self.members[name])
         assert stream is not None  # members holds regular files only
         return stream
