@@ -20,8 +20,10 @@ Scenarios, for our vLLM wheel and for each image:
 Remote execution runs on the fixture workspace (a small fake vLLM release served from loopback) with one
 and with two bots of the test harness. The physical limit beside each target is the least work its bytes
 need on this machine: for the wheel, reading the upstream wheel, hashing it and writing it back; for an
-image, ``tar`` of the image's files (the installed trees and the Debian root file system) piped into
-``sha256sum``.
+image, every layer blob decompressed into ``sha256sum`` (the image's files, as tar streams, hashed once;
+no build keeps installed trees to ``tar`` any more). The cold rows also give the output base's size on
+disk, without the files it shares with the repository cache through hard links, against the compressed
+image.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the servers and bots of the test harness
 
+from sparkseal.core.oci import blob_path, read_image  # noqa: E402
 from tests.bazel_remote import clone_repo, fixture_source  # noqa: E402
 from tests.bazel_util import Workspace, base_env, process_summary, remove_tree  # noqa: E402
 from tests.buildgrid_server import bots, buildgrid, postgres  # noqa: E402
@@ -113,11 +116,22 @@ def bin_dir(workspace: Workspace) -> Path:
 
 def layers(workspace: Workspace, image: str) -> dict[str, int]:
     """``{layer digest: size}`` of an image's OCI layout in a workspace."""
-    layout = bin_dir(workspace) / image
-    index = json.loads((layout / "index.json").read_text())
-    digest = index["manifests"][0]["digest"].split(":", 1)[1]
-    manifest = json.loads((layout / "blobs" / "sha256" / digest).read_text())
+    manifest = read_image(bin_dir(workspace) / image).manifest
     return {layer["digest"]: layer["size"] for layer in manifest["layers"]}
+
+
+def disk_note(workspace: Workspace, image: str) -> str:
+    """The output base on disk (files shared with the repository cache counted once, there) vs the image."""
+    sizes = subprocess.run(
+        ["du", "-s", "--block-size=1", str(workspace.repository_cache), str(workspace.output_base)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    own = int(sizes[-1].split()[0])
+    compressed = sum(layers(workspace, image).values())
+    ratio = own / compressed
+    return f"output base {own / 1e9:.1f} GB on disk = {ratio:.2f}x the {compressed / 1e9:.2f} GB image"
 
 
 def edit_patch(root: Path) -> None:
@@ -139,6 +153,8 @@ def local_scenarios(
         with clone(scratch, f"local{run}", cache) as ws:
             key = "cold, empty download cache" if empty else "cold, warm download cache"
             rows.setdefault(key, Row()).times.append(bazel(ws, "build", target).seconds)
+            if image:
+                rows[key].notes.append(disk_note(ws, image))
             rows.setdefault("no-op", Row()).times.append(bazel(ws, "build", target).seconds)
             before = layers(ws, image) if image else {}
             edit_patch(ws.root)
@@ -155,7 +171,7 @@ def local_scenarios(
                 )
             row.notes.append(note)
             if last is not None and run == runs - 1:
-                rows["physical limit (tar of the image's files into sha256sum)"] = last(ws)
+                rows["physical limit (every layer decompressed into sha256sum)"] = last(ws)
         if empty:
             remove_tree(cache)
     return rows
@@ -237,25 +253,27 @@ def physical_limit_wheel(wheel: Path, runs: int) -> Row:
 
 
 def physical_limit_image(platform_name: str, runs: int) -> Callable[[Workspace], Row]:
-    """tar of the image's files (installed trees, Debian root file system) into sha256sum."""
-    trees = [f"venv_{layer}_{platform_name}" for layer in ("torch", "deps", "vllm", "sparkseal")]
-    trees.append(f"third_party/debian/rootfs_{platform_name}")
+    """Every layer blob of the image decompressed into sha256sum: its files' bytes, read and hashed once."""
 
     def measure(ws: Workspace) -> Row:
         row = Row()
-        bin_path = bin_dir(ws)
+        layout = bin_dir(ws) / f"image_{platform_name}"
+        blobs = [str(blob_path(layout, digest)) for digest in layers(ws, f"image_{platform_name}")]
         for _ in range(runs):
             start = time.monotonic()
             subprocess.run(
-                f"tar -cf - {' '.join(trees)} | sha256sum",
-                shell=True,
-                cwd=bin_path,
+                ["sh", "-c", 'for b in "$@"; do gzip -dc "$b"; done | sha256sum', "limit", *blobs],
                 capture_output=True,
                 check=True,
             )
             row.times.append(time.monotonic() - start)
-        files = [f for t in trees for f in (bin_path / t).rglob("*") if f.is_file() and not f.is_symlink()]
-        row.notes.append(f"{sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {len(files)} files")
+        sized = subprocess.run(
+            ["sh", "-c", 'for b in "$@"; do gzip -dc "$b"; done | wc -c', "size", *blobs],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        row.notes.append(f"{int(sized.stdout) / 1e9:.1f} GB of tar in {len(blobs)} layers")
         return row
 
     return measure

@@ -90,9 +90,8 @@ _oci_image = rule(
 )
 
 _LOAD_SCRIPT = """#!/usr/bin/env bash
-# Loads {tag} into podman (docker when podman is absent), streaming the docker-archive from the image's
-# OCI layout; with `-- --output FILE` writes the archive to FILE instead, with `-- --oci-layout DIR` a
-# complete OCI layout. Written by oci_load.
+# Loads {tag} into podman (docker when podman is absent); with `-- --output FILE` writes a docker-archive
+# to FILE instead, with `-- --oci-layout DIR` a complete OCI layout. Written by oci_load.
 set -euo pipefail
 runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
 runfiles=$(cd "$runfiles" && pwd)
@@ -101,17 +100,30 @@ if [ "$#" -gt 0 ]; then
     cd "${{BUILD_WORKING_DIRECTORY:-.}}"
     exec "${{tool[@]}}" "$@"
 fi
-if command -v podman >/dev/null; then
-    engine=podman
-elif command -v docker >/dev/null; then
-    engine=docker
+if command -v podman >/dev/null && command -v skopeo >/dev/null; then
+    # podman's own store, from a complete OCI layout of hard links: `podman load` would first copy the
+    # whole archive from its standard input into a temporary file (GBs of disk for a moment).
+    scratch=$(mktemp -d "${{TMPDIR:-/var/tmp}}/sparkseal-load.XXXXXX")
+    trap 'rm -rf "$scratch"' EXIT
+    "${{tool[@]}}" --oci-layout "$scratch/layout"
+    skopeo copy --quiet "oci:$scratch/layout" "containers-storage:{storage_name}"
+    echo "Loaded image: {storage_name}"
+elif command -v podman >/dev/null || command -v docker >/dev/null; then
+    engine=$(command -v podman || command -v docker)
+    "${{tool[@]}}" | "$engine" load
 else
     echo "oci_load: neither podman nor docker is on PATH; write the archive with -- --output FILE" >&2
     exit 1
 fi
-"${{tool[@]}}" | "$engine" load
 echo "{tag}: manifest $(cat "$runfiles/{digest}")"
 """
+
+def _storage_name(tag):
+    # What podman calls an image tagged without a registry: `localhost/` is prefixed, as `podman load` does.
+    first = tag.split("/")[0]
+    if "/" in tag and ("." in first or ":" in first or first == "localhost"):
+        return tag
+    return "localhost/" + tag
 
 def _oci_load_impl(ctx):
     image = ctx.attr.image[OciImageInfo]
@@ -121,6 +133,7 @@ def _oci_load_impl(ctx):
         content = _LOAD_SCRIPT.format(
             digest = image.digest.short_path,
             layout = image.layout.short_path,
+            storage_name = _storage_name(image.tag),
             tag = image.tag,
             tool = ctx.executable._loader.short_path,
             workspace = ctx.workspace_name,
