@@ -131,10 +131,7 @@ def test_serve_refuses_an_image_whose_torch_differs(loaded_image: str) -> None:
         entrypoint = f"ENTRYPOINT {inspected.stdout.strip()}"
         committed = _podman("commit", "--change", entrypoint, name, derived)
         assert committed.returncode == 0, committed.stderr[-4000:]
-        done = subprocess.run(
-            [*PODMAN_RUN, derived, "/models/none"],
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
+        done = _run(derived, "/models/none")
     finally:
         _podman("rm", "--force", name)
         _podman("rmi", "--force", derived)

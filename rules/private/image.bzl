@@ -58,7 +58,7 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
     Targets: `manifest_<platform>` (module manifest), `sbom_<platform>`, `layer_<layer>_<platform>` for
     base, torch, deps, vllm, sparkseal and app, and `image_<platform>` with `image_<platform>.load` and
     `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
-    tree is an output (bench/results/build.md has what that saves).
+    tree is an output (bench/results/image.md, "Disk", has what that saves).
     """
     venv_layers = _venv_layers(platform, wheels_by_layer)
     module_manifest(
