@@ -361,3 +361,18 @@ def test_pex_chroot_without_metadata_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(mm.ManifestError) as error:
         mm.pex_manifest(pex)
     assert str(error.value) == f"{pex}!.deps/{_WHEEL}: expected t-1.dist-info/METADATA, found none"
+
+
+def test_layer_manifests_of_other_prefixes_or_formats_are_refused(tmp_path: Path) -> None:
+    make_venv(tmp_path / "tree")
+    part = mm.tree_manifest(tmp_path / "tree", "/opt/venv")
+    other = {**part, "source": {**part["source"], "prefix": "/srv/venv"}}
+    with pytest.raises(
+        mm.ManifestError, match=r"a\.json: expected tree manifests of one prefix and site-packages"
+    ):
+        mm.merge_manifests([("a.json", part), ("b.json", other)])
+    with pytest.raises(mm.ManifestError, match="no layer manifests to merge"):
+        mm.merge_manifests([])
+    broken = {**part, "distributions": {"vllm": {"name": "vllm"}}}
+    with pytest.raises(mm.ManifestError, match=r"b\.json: expected distributions of name, version, files"):
+        mm.merge_manifests([("a.json", {**part, "distributions": {}}), ("b.json", broken)])

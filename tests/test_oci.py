@@ -630,3 +630,23 @@ def test_a_cache_hit_image_downloads_no_layer_until_it_is_loaded(tmp_path: Path)
         finally:
             first.shutdown()
             second.shutdown()
+
+
+def test_a_malformed_external_blobs_file_or_a_used_target_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = assemble(tmp_path)
+    dest = tmp_path / "used"
+    dest.mkdir()
+    (dest / "x").write_text("")
+    args = ["--layout", str(image.layout), "--tag", TAG]
+    assert oci_load.main([*args, "--oci-layout", str(dest)]) == 1
+    assert f"--oci-layout {dest}: expected a new or empty directory" in capsys.readouterr().err
+    (image.layout / oci_core.EXTERNAL_BLOBS).write_text('{"sha256:00": "/abs/path"}')
+    with pytest.raises(oci_core.LayoutError) as raised:
+        oci_core.blob_path(image.layout, image.layers[0].digest)
+    message = str(raised.value)
+    assert (
+        f"{image.layout / oci_core.EXTERNAL_BLOBS}: expected {{'sha256:<64 hex>': 'relative/path'}}"
+        in message
+    )
