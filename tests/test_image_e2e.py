@@ -233,12 +233,92 @@ out["forward"] = {
     "lse": lse,
 }
 from vllm.models.deepseek_v4.nvidia import model as dsv4
+from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention
 
+from sparkseal.runtime import vllm_dsv4
+
+custom = SimpleNamespace(attention_config=SimpleNamespace(backend=E.CUSTOM))
+chosen = dsv4._select_dsv4_attn_cls(custom)
+out["dsv4"] = {
+    "class": f"{chosen.__module__}.{chosen.__qualname__}",
+    "keeps_flashmla": issubclass(chosen, DeepseekV4FlashMLAAttention),
+    "one_class": chosen is dsv4._select_dsv4_attn_cls(custom),
+}
+# A C128A layer's decode rows (16 heads padded to 64, as FlashInfer's SM120 class hands them over),
+# with the kernel replaced by the float32 reference: what reaches the kernel, and what comes back.
+v4 = sparse_mla_ref.V4_FP8
+layer = object.__new__(chosen)
+torch.nn.Module.__init__(layer)
+layer.prefix, layer.compress_ratio, layer.scale = "layers.2.attn", 128, 0.05
+layer.sparkseal_max_smem_bytes = 101376
+sink = torch.cat([torch.randn(16, generator=gen), torch.full((48,), float("-inf"))])
+layer.attn_sink = torch.nn.Parameter(sink, requires_grad=False)
+padded = torch.zeros(4, 65 * 576, dtype=torch.uint8)
+padded[:, : 64 * 584] = sparse_mla_ref.pack_cache(torch.randn(4 * 64, 512, generator=gen), v4).view(4, -1)
+layer.swa_cache_layer = SimpleNamespace(kv_cache=padded[:, : 64 * 584].view(4, 64, 584))
+c128a = sparse_mla_ref.pack_cache(torch.randn(6 * 2, 512, generator=gen), v4, page_size=2)
+window = torch.randint(0, 4 * 64, (3, 1, 128), generator=gen, dtype=torch.int32)
+window[1, 0, 40:] = -1
+compressed = torch.randint(0, 12, (3, 1, 128), generator=gen, dtype=torch.int32)
+swa_meta = SimpleNamespace(
+    num_decode_tokens=3, num_decodes=3, is_valid_token=torch.ones(3, dtype=torch.bool),
+    decode_swa_indices=window, decode_swa_lens=torch.tensor([128, 40, 100], dtype=torch.int32),
+)
+attn_meta = SimpleNamespace(
+    c128a_global_decode_topk_indices=compressed,
+    c128a_decode_topk_lens=torch.tensor([5, 0, 128], dtype=torch.int32),
+)
+seen4 = {}
+
+
+def fake_v4_kernel(q, cache, indices, *, softmax_scale, layout, topk_length, extra_cache, extra_indices,
+                   extra_topk_length, attn_sink, max_smem_bytes):
+    seen4.update(layout=layout, smem=max_smem_bytes, q=q, cache=cache, extra=extra_cache, sink=attn_sink)
+    return sparse_mla_ref.sparse_mla_decode_ref(
+        q, cache, indices.squeeze(1), softmax_scale, sparse_mla_ref.LAYOUTS[layout], topk_length=topk_length,
+        extra_cache=extra_cache, extra_indices=extra_indices.squeeze(1), extra_topk_length=extra_topk_length,
+        attn_sink=attn_sink,
+    )
+
+
+vllm_dsv4.sparse_mla_decode = fake_v4_kernel
+q4 = torch.randn(3, 16, 512, generator=gen).to(torch.bfloat16)
+output = torch.zeros(3, 64, 512, dtype=torch.bfloat16)
+layer._forward_decode(q4, c128a, swa_meta, attn_meta, False, output)
+expected4, _ = sparse_mla_ref.sparse_mla_decode_ref(
+    torch.cat([q4, torch.zeros(3, 48, 512, dtype=torch.bfloat16)], 1), layer.swa_cache_layer.kv_cache,
+    window.squeeze(1), 0.05, v4, topk_length=swa_meta.decode_swa_lens, extra_cache=c128a,
+    extra_indices=compressed.squeeze(1), extra_topk_length=attn_meta.c128a_decode_topk_lens, attn_sink=sink,
+)
+out["dsv4"]["decode"] = {
+    "layout": seen4["layout"],
+    "smem": seen4["smem"],
+    "q_shape": list(seen4["q"].shape),
+    "caches": [seen4["cache"] is layer.swa_cache_layer.kv_cache, seen4["extra"] is c128a],
+    "sink": seen4["sink"] is layer.attn_sink,
+    "out_close": bool(torch.allclose(output.float(), expected4, atol=1e-2, rtol=1e-2)),
+}
+# Without --attention-backend: vLLM's own class, unless the operator's switch is on and the GPU is 12.x.
+import os
+
+unset = SimpleNamespace(attention_config=SimpleNamespace(backend=None))
+platform = dsv4.current_platform
+defaults = {}
+for switch, capability in (("0", (12, 1)), ("1", (12, 1)), ("1", (9, 0))):
+    os.environ["SPARKSEAL_SPARSE_MLA"] = switch
+    dsv4.current_platform = SimpleNamespace(get_device_capability=lambda c=capability: DeviceCapability(*c))
+    defaults[f"{switch} {capability[0]}.{capability[1]}"] = dsv4._select_dsv4_attn_cls(unset).__qualname__
+dsv4.current_platform = platform
+out["dsv4"]["defaults"] = defaults
+# Another CUSTOM backend (one without a V4 class) is refused when the model is built.
+from vllm.v1.attention.backends.registry import register_backend
+
+register_backend(E.CUSTOM, "vllm.v1.attention.backends.mla.flashmla_sparse.FlashMLASparseBackend")
 try:
-    dsv4._select_dsv4_attn_cls(SimpleNamespace(attention_config=SimpleNamespace(backend=E.CUSTOM)))
-    out["dsv4"] = "accepted"
+    dsv4._select_dsv4_attn_cls(custom)
+    out["dsv4"]["other_custom"] = "accepted"
 except ValueError as error:
-    out["dsv4"] = str(error)
+    out["dsv4"]["other_custom"] = str(error)
 print("RESULT " + json.dumps(out))
 """
 
@@ -268,4 +348,20 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
     assert forward["slots_equal"] and forward["out_close"] and forward["q_contiguous"]
     assert forward["layout"] == "v32_fp8" and forward["smem"] == 0 and forward["lse"] is None
     assert forward["lengths"] == [100, 100, 100, 100, 100]
-    assert found["dsv4"].startswith("CUSTOM is not a DeepSeek V4 attention backend")
+    dsv4 = found["dsv4"]
+    assert dsv4["class"] == "sparkseal.runtime.vllm_dsv4.SparksealDeepseekV4FlashMLAAttention"
+    assert dsv4["keeps_flashmla"] and dsv4["one_class"]
+    decode = dsv4["decode"]
+    assert decode["layout"] == "v4_fp8" and decode["smem"] == 101376 and decode["q_shape"] == [3, 64, 512]
+    assert decode["caches"] == [True, True] and decode["sink"]
+    assert decode["out_close"]
+    assert dsv4["defaults"] == {
+        "0 12.1": "DeepseekV4FlashInferSM120Attention",
+        "1 12.1": "SparksealDeepseekV4FlashInferSM120Attention",
+        "1 9.0": "DeepseekV4FlashMLAAttention",
+    }
+    assert dsv4["other_custom"].startswith(
+        "CUSTOM is not a DeepSeek V4 attention backend: the registered CUSTOM backend "
+        "vllm.v1.attention.backends.mla.flashmla_sparse.FlashMLASparseBackend "
+        "has no deepseek_v4_attention_cls"
+    )

@@ -50,10 +50,11 @@ def test_x86_64_wheel_carries_the_fix_and_upstream_binaries(
     assert record["upstream_wheel"]["sha256"] == LOCK["wheels"]["linux_x86_64"]["sha256"]
     assert [p["file"] for p in record["patches"]] == [
         "0001-dspark-graph-replay-safety.patch",
-        "0002-deepseek-v4-refuses-custom-backend.patch",
+        "0002-deepseek-v4-custom-attention-backend.patch",
     ]
     assert "if backend == AttentionBackendEnum.CUSTOM:" in dsv4
     assert "CUSTOM is not a DeepSeek V4 attention backend" in dsv4
+    assert "return derive(DeepseekV4FlashInferSM120Attention)" in dsv4
 
     target = tmp_path / "site"
     install = subprocess.run(

@@ -64,6 +64,22 @@ def test_second_cache_sink_lengths_and_4d_cache_pass() -> None:
     assert [(c.num_pages, c.topk) for c in spec.caches] == [(4, 128), (9, 64)]
 
 
+def test_page_size_comes_from_each_cache() -> None:
+    # DeepSeek V4: a 64-token window cache beside a C128A cache of 2 records per 256-token block, each
+    # page padded to a multiple of 576 bytes as vLLM allocates them.
+    window = torch.zeros(4, 65 * 576, dtype=torch.uint8)[:, : 64 * 584].view(4, 64, 584)
+    c128a = torch.zeros(9, 3 * 576, dtype=torch.uint8)[:, : 2 * 584].view(9, 2, 584)
+    spec = _check(
+        cache=window,
+        extra_cache=c128a,
+        extra_indices=torch.zeros(3, 128, dtype=torch.int32),
+    )
+    assert [(c.num_pages, c.page_size, c.page_stride_bytes) for c in spec.caches] == [
+        (4, 64, 65 * 576),
+        (9, 2, 3 * 576),
+    ]
+
+
 def test_padded_pages_report_their_stride() -> None:
     buffer = torch.zeros(4, PAGE_SIZE * 584 + 64, dtype=torch.uint8)
     cache = buffer[:, : PAGE_SIZE * 584].view(4, PAGE_SIZE, 584)
@@ -87,8 +103,8 @@ def test_padded_pages_report_their_stride() -> None:
             r"q: expected a contiguous tensor, got strides",
         ),
         (
-            {"cache": torch.zeros(4, 32, 584, dtype=torch.uint8)},
-            r"cache page size \(dim 1\): expected 64, got 32",
+            {"cache": torch.zeros(4, 0, 584, dtype=torch.uint8)},
+            r"cache page size \(dim 1\): expected >= 1, got 0",
         ),
         (
             {"cache": torch.zeros(4, 64, 656, dtype=torch.uint8)},
@@ -100,7 +116,7 @@ def test_padded_pages_report_their_stride() -> None:
         ),
         (
             {"cache": torch.zeros(4, 2, 64, 584, dtype=torch.uint8)},
-            r"cache.shape: expected \[num_pages, 64, record\] or \[num_pages, 64, 1, record\], "
+            r"cache.shape: expected \[num_pages, page_size, record\] or \[num_pages, page_size, 1, record\], "
             r"got \[4, 2, 64, 584\]",
         ),
         (

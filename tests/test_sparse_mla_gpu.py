@@ -57,12 +57,15 @@ class Case:
     sink: bool = False
     splits: int = 0
     max_smem: int = 0
+    extra_page_size: int = PAGE_SIZE
 
     def __str__(self) -> str:
         parts = [self.layout, f"h{self.heads}", f"k{self.topk}", f"b{self.batch}"]
         parts += [name for name in ("minus_one", "lengths", "sink") if getattr(self, name)]
         if self.extra_topk:
             parts.append(f"extra{self.extra_topk}")
+        if self.extra_page_size != PAGE_SIZE:
+            parts.append(f"extra_page{self.extra_page_size}")
         if self.splits:
             parts.append(f"splits{self.splits}")
         if self.max_smem:
@@ -98,6 +101,21 @@ def _cases() -> list[Case]:
         Case("v32_fp8", 16, 2048, 256, lengths=True),
         Case("v4_fp8", 64, 512, 8, minus_one=True, lengths=True, splits=3),
         Case("v32_bf16", 32, 512, 8, lengths=True, extra_topk=64, splits=5),
+        # DeepSeek V4's C128A layers: the compressed cache holds 2 records per page.
+        Case(
+            "v4_fp8", 64, 128, 64, minus_one=True, lengths=True, extra_topk=512, sink=True, extra_page_size=2
+        ),
+        Case(
+            "v4_fp8",
+            128,
+            128,
+            8,
+            lengths=True,
+            extra_topk=128,
+            sink=True,
+            extra_page_size=2,
+            max_smem=SMALL_SMEM,
+        ),
     ]
     for layout, h in itertools.product(layouts, (16, 64)):
         cases.append(
@@ -141,9 +159,11 @@ def _make_inputs(case: Case, seed: int) -> dict[str, object]:
     if case.lengths:
         args["topk_length"] = length_rows(case.topk)
     if case.extra_topk:
-        extra_pages = 5
-        args["extra_cache"] = random_cache(layout, extra_pages, generator=gen, device=dev)
-        args["extra_indices"] = index_rows(case.extra_topk, extra_pages * PAGE_SIZE)
+        extra_pages = 5 * PAGE_SIZE // case.extra_page_size
+        args["extra_cache"] = random_cache(
+            layout, extra_pages, generator=gen, device=dev, page_size=case.extra_page_size
+        )
+        args["extra_indices"] = index_rows(case.extra_topk, extra_pages * case.extra_page_size)
         if case.lengths:
             args["extra_topk_length"] = length_rows(case.extra_topk)
     if case.sink:

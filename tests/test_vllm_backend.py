@@ -116,6 +116,51 @@ def test_unsupported_models_are_refused_with_the_reason(change: dict, message: s
     assert re.search(message, reason), reason
 
 
+# A DeepSeek V4 (Flash) layer on one rank of a TP=1 deployment, as vLLM's FlashMLA class builds it.
+V4 = dict(
+    uses_fp8_ds_mla_layout=True,
+    kv_cache_dtype="fp8_ds_mla",
+    padded_heads=64,
+    head_dim=512,
+    rope_head_dim=64,
+    compress_ratio=4,
+    window_size=128,
+    index_topk=512,
+)
+
+
+def test_deepseek_v4_layers_are_served() -> None:
+    for ratio in (1, 4, 128):
+        for heads in (16, 32, 64, 128):
+            assert rules.dsv4_reason(**{**V4, "compress_ratio": ratio, "padded_heads": heads}) is None
+    # The indexer's width only matters for C4A layers, which read its rows.
+    assert rules.dsv4_reason(**{**V4, "compress_ratio": 128, "index_topk": None}) is None
+    assert rules.DSV4_LAYOUT.name == "v4_fp8" and rules.DSV4_LAYOUT.record_bytes == 584
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"uses_fp8_ds_mla_layout": False, "kv_cache_dtype": "fp8"},
+            r"kv cache: expected DeepSeek V4's fp8_ds_mla records \(584 bytes; pass --kv-cache-dtype fp8\), "
+            r"got 'fp8' in per-tensor rows",
+        ),
+        ({"kv_cache_dtype": "auto"}, r"fp8_ds_mla records .*got 'auto'$"),
+        ({"head_dim": 576}, r"head sizes: expected head_dim 512 with rope 64, got 576 with rope 64"),
+        ({"padded_heads": 8}, r"heads per rank \(padded\): expected one of \(16, 32, 64, 128\), got 8"),
+        ({"compress_ratio": 16}, r"compress_ratio: expected one of \(1, 4, 128\), got 16"),
+        ({"window_size": 100}, r"sliding_window: expected a positive multiple of 64, got 100"),
+        ({"index_topk": 300}, r"index_topk: expected a positive multiple of 64, got 300"),
+        ({"index_topk": None}, r"index_topk: expected a positive multiple of 64, got None"),
+    ],
+)
+def test_unsupported_deepseek_v4_layers_are_refused(change: dict, message: str) -> None:
+    reason = rules.dsv4_reason(**{**V4, **change})
+    assert reason is not None and reason.startswith(rules.DSV4_WHERE)
+    assert re.search(message, reason), reason
+
+
 def test_kv_cache_dtypes() -> None:
     for ok in ("auto", None, "bfloat16", "fp8_ds_mla"):
         assert rules.kv_cache_reason(ok) is None

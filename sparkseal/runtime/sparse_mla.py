@@ -21,9 +21,11 @@ import math
 import torch
 
 from sparkseal.runtime import _lib
-from sparkseal.runtime.sparse_mla_ref import LAYOUTS, PAGE_SIZE, V_DIM, Layout
+from sparkseal.runtime.sparse_mla_ref import LAYOUTS, V_DIM, Layout
 
 SUPPORTED_HEADS = (16, 32, 64, 128)
+# Slot ids are int32 in vLLM and in the kernel.
+_MAX_SLOTS = 2**31 - 1
 ABI_VERSION = 1
 _WHERE = "sparkseal/runtime/sparse_mla.py: sparkseal::sparse_mla_decode"
 
@@ -37,6 +39,7 @@ class CacheSpec:
     """Shape facts of one checked cache."""
 
     num_pages: int
+    page_size: int
     page_stride_bytes: int
     topk: int
 
@@ -57,8 +60,12 @@ def _fail(arg: str, expected: str, got: object) -> ValueError:
 
 def _check_cache(
     name: str, cache: torch.Tensor, layout: Layout, device: torch.device
-) -> tuple[torch.Tensor, int, int]:
-    """Validate one cache; return its 3-D view, page count and page stride in bytes."""
+) -> tuple[torch.Tensor, int, int, int]:
+    """Validate one cache; return its 3-D view, page count, page size and page stride in bytes.
+
+    Any page size is accepted: DeepSeek V3.2 caches and V4's window and C4A caches have 64 tokens per
+    page, V4's C128A cache (one record per 128 tokens of a 256-token block) has 2.
+    """
     allowed = (torch.uint8, torch.float8_e4m3fn) if layout.cache_dtype == torch.uint8 else (torch.bfloat16,)
     if cache.dtype not in allowed:
         names = " or ".join(str(d) for d in allowed)
@@ -68,16 +75,20 @@ def _check_cache(
     if cache.dim() == 4:
         if cache.shape[2] != 1:
             raise _fail(
-                f"{name}.shape", "[num_pages, 64, record] or [num_pages, 64, 1, record]", list(cache.shape)
+                f"{name}.shape",
+                "[num_pages, page_size, record] or [num_pages, page_size, 1, record]",
+                list(cache.shape),
             )
         cache = cache.squeeze(2)
     if cache.dim() != 3:
         raise _fail(
-            f"{name}.shape", "[num_pages, 64, record] or [num_pages, 64, 1, record]", list(cache.shape)
+            f"{name}.shape",
+            "[num_pages, page_size, record] or [num_pages, page_size, 1, record]",
+            list(cache.shape),
         )
     num_pages, page_size, record = cache.shape
-    if page_size != PAGE_SIZE:
-        raise _fail(f"{name} page size (dim 1)", str(PAGE_SIZE), page_size)
+    if page_size < 1:
+        raise _fail(f"{name} page size (dim 1)", ">= 1", page_size)
     if record != layout.record_elems:
         unit = "bytes" if layout.cache_dtype == torch.uint8 else "bf16 values"
         raise _fail(
@@ -91,13 +102,16 @@ def _check_cache(
         )
     itemsize = cache.element_size()
     page_stride_bytes = cache.stride(0) * itemsize
-    if page_stride_bytes < PAGE_SIZE * layout.record_bytes or page_stride_bytes % 16 != 0:
+    if page_stride_bytes < page_size * layout.record_bytes or page_stride_bytes % 16 != 0:
         raise _fail(
             f"{name} page stride",
-            f"a multiple of 16 bytes >= {PAGE_SIZE * layout.record_bytes}",
+            f"a multiple of 16 bytes >= {page_size * layout.record_bytes}",
             page_stride_bytes,
         )
-    return cache, num_pages, page_stride_bytes
+    if num_pages * page_size > _MAX_SLOTS:
+        slots = num_pages * page_size
+        raise _fail(f"{name} slots (pages x page size)", f"<= {_MAX_SLOTS} (int32 slot ids)", slots)
+    return cache, num_pages, page_size, page_stride_bytes
 
 
 def _check_indices(
@@ -163,10 +177,10 @@ def check_inputs(
     if not isinstance(softmax_scale, float | int) or not math.isfinite(softmax_scale):
         raise _fail("softmax_scale", "a finite float", softmax_scale)
     device = q.device
-    _, pages, page_stride = _check_cache("cache", cache, spec, device)
+    _, pages, page_size, page_stride = _check_cache("cache", cache, spec, device)
     _, topk = _check_indices("indices", indices, num_tokens, device)
     _check_lengths("topk_length", topk_length, num_tokens, device)
-    caches = [CacheSpec(pages, page_stride, topk)]
+    caches = [CacheSpec(pages, page_size, page_stride, topk)]
     if extra_cache is None:
         for name, value in (("extra_indices", extra_indices), ("extra_topk_length", extra_topk_length)):
             if value is not None:
@@ -174,10 +188,10 @@ def check_inputs(
     else:
         if extra_indices is None:
             raise _fail("extra_indices", "a tensor when extra_cache is given", None)
-        _, extra_pages, extra_stride = _check_cache("extra_cache", extra_cache, spec, device)
+        _, extra_pages, extra_page_size, extra_stride = _check_cache("extra_cache", extra_cache, spec, device)
         _, extra_topk = _check_indices("extra_indices", extra_indices, num_tokens, device)
         _check_lengths("extra_topk_length", extra_topk_length, num_tokens, device)
-        caches.append(CacheSpec(extra_pages, extra_stride, extra_topk))
+        caches.append(CacheSpec(extra_pages, extra_page_size, extra_stride, extra_topk))
     if attn_sink is not None:
         if attn_sink.dtype != torch.float32:
             raise _fail("attn_sink.dtype", "torch.float32", attn_sink.dtype)
@@ -301,7 +315,7 @@ def _fill_params(
         c.indices = indices.data_ptr()
         c.indices_stride = cspec.topk
         c.topk_length = None if lengths is None else lengths.data_ptr()
-        c.page_size = PAGE_SIZE
+        c.page_size = cspec.page_size
         c.topk = cspec.topk
     p.attn_sink = None if attn_sink is None else attn_sink.data_ptr()
     p.out_stride_token = spec.num_heads * V_DIM
@@ -442,7 +456,7 @@ def sparse_mla_decode(
     """Sparse-MLA decode: ``(out bf16 [T, H, 512], lse float32 [T, H])``.
 
     ``q`` is bf16 ``[T, H, 512]`` (``v4_fp8``) or ``[T, H, 576]`` (``v32_fp8``, ``v32_bf16``);
-    ``cache`` is ``[num_pages, 64, record]`` (or with a singleton dim 2) in ``layout``;
+    ``cache`` is ``[num_pages, page_size, record]`` (or with a singleton dim 2) in ``layout``;
     ``indices`` int32 ``[T, topk]`` global slot ids (``-1`` = skip); ``topk_length`` int32 ``[T]``
     limits each row to its first entries. ``extra_cache`` / ``extra_indices`` /
     ``extra_topk_length`` name a second cache of the same layout attended in the same softmax;

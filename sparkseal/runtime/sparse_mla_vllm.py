@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from sparkseal.runtime.sparse_mla import SUPPORTED_HEADS
-from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE, V32_BF16, V32_FP8, V_DIM, Layout
+from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE, V4_FP8, V32_BF16, V32_FP8, V_DIM, Layout
 
 # The operator's switch: "1" makes our backend vLLM's first choice for sparse MLA on capability 12.x
 # (GB10), where vLLM would otherwise pick FLASHINFER_MLA_SPARSE_SM120. `--attention-backend CUSTOM`
@@ -37,6 +37,11 @@ WHERE = "sparkseal sparse-MLA backend (sparkseal/runtime/vllm_backend.py)"
 KV_CACHE_LAYOUTS: Mapping[str, Layout] = {"auto": V32_BF16, "bfloat16": V32_BF16, "fp8_ds_mla": V32_FP8}
 HEAD_SIZE = V32_FP8.q_dim  # kv_lora_rank 512 + qk_rope_head_dim 64
 KV_LORA_RANK = V_DIM
+# DeepSeek V4 layers attend a sliding-window cache and, every 4th or 128th token compressed, a second
+# cache, both in V4's 584-byte fp8 records (vLLM's fp8_ds_mla layout for V4).
+DSV4_LAYOUT = V4_FP8
+DSV4_COMPRESS_RATIOS = (1, 4, 128)
+DSV4_WHERE = "sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py)"
 # Compute capabilities the kernel library is compiled for: sm_90a (the H200 variant) and sm_121a (GB10).
 CAPABILITIES = ((9, 0), (12, 1))
 
@@ -114,6 +119,49 @@ def model_reason(
         )
     if decode_context_parallel_size != 1:
         return f"{WHERE}: decode context parallelism: expected size 1, got {decode_context_parallel_size}"
+    return None
+
+
+def dsv4_reason(
+    *,
+    uses_fp8_ds_mla_layout: bool,
+    kv_cache_dtype: str,
+    padded_heads: int,
+    head_dim: int,
+    rope_head_dim: int,
+    compress_ratio: int,
+    window_size: int,
+    index_topk: int | None,
+) -> str | None:
+    """Why a DeepSeek V4 attention layer cannot decode through our kernel, or ``None``.
+
+    The widths must be multiples of the kernel's 64-entry index tiles: vLLM hands the window's and the
+    indexer's rows over as they are, and padding them every step would cost a copy per layer.
+    """
+    if not uses_fp8_ds_mla_layout or kv_cache_dtype != "fp8_ds_mla":
+        return (
+            f"{DSV4_WHERE}: kv cache: expected DeepSeek V4's fp8_ds_mla records "
+            f"({DSV4_LAYOUT.record_bytes} bytes; pass --kv-cache-dtype fp8), got {kv_cache_dtype!r}"
+            + ("" if uses_fp8_ds_mla_layout else " in per-tensor rows")
+        )
+    if head_dim != DSV4_LAYOUT.q_dim or rope_head_dim != DSV4_LAYOUT.q_dim - DSV4_LAYOUT.nope_dim:
+        return (
+            f"{DSV4_WHERE}: head sizes: expected head_dim {DSV4_LAYOUT.q_dim} with rope "
+            f"{DSV4_LAYOUT.q_dim - DSV4_LAYOUT.nope_dim}, got {head_dim} with rope {rope_head_dim}"
+        )
+    if padded_heads not in SUPPORTED_HEADS:
+        return (
+            f"{DSV4_WHERE}: attention heads per rank (padded): expected one of {SUPPORTED_HEADS}, "
+            f"got {padded_heads}"
+        )
+    if compress_ratio not in DSV4_COMPRESS_RATIOS:
+        return f"{DSV4_WHERE}: compress_ratio: expected one of {DSV4_COMPRESS_RATIOS}, got {compress_ratio}"
+    widths = [("sliding_window", window_size)]
+    if compress_ratio == 4:
+        widths.append(("index_topk", index_topk))
+    for name, width in widths:
+        if width is None or width < PAGE_SIZE or width % PAGE_SIZE != 0:
+            return f"{DSV4_WHERE}: {name}: expected a positive multiple of {PAGE_SIZE}, got {width}"
     return None
 
 

@@ -14,9 +14,12 @@ MLA on capability 12.x. Anything it cannot serve is refused while vLLM builds th
 ``supports_combination`` names the reason in vLLM's "backend is not valid" error, and the layer
 implementation checks the model's shapes when it is made, before any request.
 
-DeepSeek V4 is not served through this class: vLLM 0.25.1 builds V4's attention from its own
-per-platform classes and never consults ``CUSTOM`` there (``vllm/models/deepseek_v4/nvidia/model.py``);
-our patch ``0002-deepseek-v4-refuses-custom-backend.patch`` makes that combination fail at start-up.
+DeepSeek V4 does not go through vLLM's generic sparse-MLA interface: it builds each layer's attention
+from a per-platform class (``vllm/models/deepseek_v4/nvidia/model.py``). Our patch
+``0002-deepseek-v4-custom-attention-backend.patch`` asks this class for a V4 class with ``CUSTOM``
+(:meth:`SparksealSparseMLABackend.deepseek_v4_attention_cls`); ``sparkseal.runtime.vllm_dsv4`` derives
+it, with our kernel for V4's decode rows. With ``SPARKSEAL_SPARSE_MLA=1`` and no ``--attention-backend``,
+V4 on capability 12.x takes that class too (:meth:`SparksealSparseMLABackend.deepseek_v4_by_default`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,18 @@ class SparksealSparseMLABackend(AttentionBackend):
     @classmethod
     def is_mla(cls) -> bool:
         return True
+
+    @classmethod
+    def deepseek_v4_attention_cls(cls, base: type) -> type:
+        """DeepSeek V4's attention class for ``CUSTOM``: ``base`` (vLLM's pick) with our decode kernel."""
+        from sparkseal.runtime.vllm_dsv4 import attention_class
+
+        return attention_class(base)
+
+    @classmethod
+    def deepseek_v4_by_default(cls, capability: DeviceCapability | None) -> bool:
+        """Whether V4 decodes through our kernel without ``--attention-backend``: the switch, on 12.x."""
+        return capability is not None and capability.major == 12 and rules.switch_enabled()
 
     @classmethod
     def is_sparse(cls) -> bool:

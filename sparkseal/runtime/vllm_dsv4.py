@@ -1,0 +1,128 @@
+"""DeepSeek V4 decode through our sparse-MLA kernel, inside vLLM 0.25.1's own V4 attention classes.
+
+vLLM builds each V4 layer's attention from a per-platform class (``vllm/models/deepseek_v4/nvidia``):
+FlashMLA's on capability 9.x/10.x, FlashInfer's SM120 class on 12.x (GB10). Those classes own V4's
+metadata (the sliding-window rows, the indexer's C4A rows, the precomputed C128A rows), its two caches
+in 584-byte fp8 records, prefill, and the output projection. Our patch
+``0002-deepseek-v4-custom-attention-backend.patch`` hands that class to
+:meth:`SparksealSparseMLABackend.deepseek_v4_attention_cls` when the operator passes
+``--attention-backend CUSTOM``; :func:`attention_class` derives a class that keeps all of it and
+replaces only ``_forward_decode``: every decode row (speculative rows included) attends the window
+cache, the layer's compressed cache and the attention sink in one call of
+``torch.ops.sparkseal.sparse_mla_decode``. Prefill stays on the base class (FlashMLA's sparse prefill
+kernel on an H200, FlashInfer's on GB10).
+
+The rows are computed by the same vLLM functions the base classes call, so both kernels see identical
+slot ids; a layer the kernel cannot serve is refused when vLLM builds the model, never at a request.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
+
+from sparkseal.runtime import sparse_mla_vllm as rules
+from sparkseal.runtime.sparse_mla import sparse_mla_decode
+
+
+class SparksealDecode:
+    """The mix-in placed before vLLM's V4 attention class: our kernel for the decode rows.
+
+    Attributes it reads are the base class's (``swa_cache_layer``, ``compress_ratio``,
+    ``topk_indices_buffer``, ``attn_sink``, ``scale``, ``padded_heads``); it adds
+    ``sparkseal_max_smem_bytes``, the shared-memory cap the kernel plans under.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        buffer = getattr(self, "topk_indices_buffer", None)
+        reason = rules.dsv4_reason(
+            uses_fp8_ds_mla_layout=self._uses_fp8_ds_mla_layout(),
+            kv_cache_dtype=self.kv_cache_dtype,
+            padded_heads=self.padded_heads,
+            head_dim=self.head_dim,
+            rope_head_dim=self.rope_head_dim,
+            compress_ratio=self.compress_ratio,
+            window_size=self.window_size,
+            index_topk=None if buffer is None else int(buffer.shape[-1]),
+        )
+        if reason is not None:
+            raise rules.UnsupportedConfiguration(f"{self.prefix}: {reason}")
+        self.sparkseal_max_smem_bytes = rules.max_smem_bytes()
+
+    def _forward_decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        swa_metadata: Any,
+        attn_metadata: Any,
+        swa_only: bool,
+        output: torch.Tensor,
+    ) -> None:
+        tokens = swa_metadata.num_decode_tokens
+        extra_cache = extra_indices = extra_lengths = None
+        if not swa_only:
+            if attn_metadata is None or swa_metadata.is_valid_token is None or kv_cache is None:
+                raise RuntimeError(
+                    f"{rules.DSV4_WHERE}: {self.prefix}: a compressed layer without its metadata"
+                )
+            extra_cache = kv_cache
+            if self.compress_ratio == 4:
+                # C4A: the indexer's per-layer rows, mapped through the block table as vLLM does.
+                extra_indices, extra_lengths = compute_global_topk_indices_and_lens(
+                    self.topk_indices_buffer[:tokens],
+                    swa_metadata.token_to_req_indices,
+                    attn_metadata.block_table[: swa_metadata.num_decodes],
+                    attn_metadata.block_size // self.compress_ratio,
+                    swa_metadata.is_valid_token[:tokens],
+                )
+            else:
+                # C128A: rows vLLM's metadata builder computed once for every such layer.
+                extra_indices = attn_metadata.c128a_global_decode_topk_indices
+                extra_lengths = attn_metadata.c128a_decode_topk_lens
+        out, _ = sparse_mla_decode(
+            padded_query(q, output.shape[1]),
+            self.swa_cache_layer.kv_cache,
+            swa_metadata.decode_swa_indices,
+            softmax_scale=self.scale,
+            layout=rules.DSV4_LAYOUT.name,
+            topk_length=swa_metadata.decode_swa_lens,
+            extra_cache=extra_cache,
+            extra_indices=extra_indices,
+            extra_topk_length=extra_lengths,
+            attn_sink=self.attn_sink,
+            max_smem_bytes=self.sparkseal_max_smem_bytes,
+        )
+        output.copy_(out)
+
+
+def padded_query(q: torch.Tensor, heads: int) -> torch.Tensor:
+    """``q`` as the kernel takes it: bf16, contiguous, zero heads appended up to the output's ``heads``.
+
+    FlashMLA's class hands over queries already padded; FlashInfer's SM120 class pads them itself.
+    """
+    if q.dtype != torch.bfloat16:
+        raise rules.UnsupportedConfiguration(
+            f"{rules.DSV4_WHERE}: query dtype: expected torch.bfloat16, got {q.dtype}"
+        )
+    if q.shape[1] < heads:
+        q = torch.nn.functional.pad(q, (0, 0, 0, heads - q.shape[1]))
+    return q.contiguous()
+
+
+@functools.cache
+def attention_class(base: type) -> type:
+    """The V4 attention class for ``--attention-backend CUSTOM``: ``base`` with our decode kernel.
+
+    One class per base, so every layer of a model (and a second engine in the same process) shares it.
+    """
+    if not callable(getattr(base, "_forward_decode", None)):
+        raise TypeError(
+            f"{rules.DSV4_WHERE}: {base.__module__}.{base.__qualname__}: expected a DeepSeek V4 attention "
+            "class with _forward_decode (vLLM 0.25.1's FlashMLA or FlashInfer SM120 class)"
+        )
+    name = f"Sparkseal{base.__name__}"
+    return type(name, (SparksealDecode, base), {"__module__": __name__, "__qualname__": name})
