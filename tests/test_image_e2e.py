@@ -298,6 +298,30 @@ out["dsv4"]["decode"] = {
     "sink": seen4["sink"] is layer.attn_sink,
     "out_close": bool(torch.allclose(output.float(), expected4, atol=1e-2, rtol=1e-2)),
 }
+# The start-up checks, on a stand-in for vLLM's class (its own needs an engine to be built).
+class StandIn:
+    def __init__(self, heads=64, window=128):
+        self.prefix, self.kv_cache_dtype, self.padded_heads = "model.layers.1.attn", "fp8_ds_mla", heads
+        self.head_dim, self.rope_head_dim, self.compress_ratio, self.window_size = 512, 64, 4, window
+        self.topk_indices_buffer = torch.zeros(8, 512, dtype=torch.int32)
+
+    def _uses_fp8_ds_mla_layout(self):
+        return True
+
+    def _forward_decode(self, *args):
+        raise AssertionError("not called here")
+
+
+built = vllm_dsv4.attention_class(StandIn)()
+bases = [c.__name__ for c in type(built).__mro__]
+out["dsv4"]["built"] = {"cap": built.sparkseal_max_smem_bytes, "bases": bases}
+refusals = {}
+for name, change in {"heads": {"heads": 8}, "window": {"window": 100}}.items():
+    try:
+        vllm_dsv4.attention_class(StandIn)(**change)
+    except sparse_mla_vllm.UnsupportedConfiguration as error:
+        refusals[name] = str(error)
+out["dsv4"]["refused"] = refusals
 # Without --attention-backend: vLLM's own class, unless the operator's switch is on and the GPU is 12.x.
 import os
 
@@ -355,6 +379,12 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
     assert decode["layout"] == "v4_fp8" and decode["smem"] == 101376 and decode["q_shape"] == [3, 64, 512]
     assert decode["caches"] == [True, True] and decode["sink"]
     assert decode["out_close"]
+    assert dsv4["built"] == {"cap": 0, "bases": ["SparksealStandIn", "SparksealDecode", "StandIn", "object"]}
+    assert dsv4["refused"]["heads"].startswith(
+        "model.layers.1.attn: sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py): attention heads "
+        "per rank (padded): expected one of (16, 32, 64, 128), got 8"
+    )
+    assert dsv4["refused"]["window"].endswith("sliding_window: expected a positive multiple of 64, got 100")
     assert dsv4["defaults"] == {
         "0 12.1": "DeepseekV4FlashInferSM120Attention",
         "1 12.1": "SparksealDeepseekV4FlashInferSM120Attention",

@@ -48,6 +48,20 @@ def serve_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
+def python_path(sites: list[Path]) -> list[Path]:
+    """The site folders and the folders their ``.pth`` files name, in order (``pip --target`` trees are
+    not site directories, so Python would not read those files; CuTe DSL installs its package so)."""
+    found: list[Path] = []
+    for site in sites:
+        found.append(site)
+        for pth in sorted(site.glob("*.pth")):
+            for line in pth.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith(("#", "import ")) and (site / line).is_dir():
+                    found.append(site / line)
+    return found
+
+
 def wait_healthy(process: subprocess.Popen, port: int, deadline: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < deadline:
@@ -99,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / f"{args.name}.server.log"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(str(site) for site in args.site)
+    env["PYTHONPATH"] = os.pathsep.join(str(path) for path in python_path(args.site))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(item.split("=", 1) for item in args.env)
     env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off: it can take a shared host's GPUs down

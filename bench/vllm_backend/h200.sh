@@ -8,6 +8,8 @@
 #                                            test_sparse_mla_gpu.py
 #   bench/vllm_backend/h200.sh dsv4 OUT      DeepSeek V4 decode through our class against FlashMLA's class
 #                                            (bench/vllm_backend/dsv4_decode.py), at the device limit and capped
+#   bench/vllm_backend/h200.sh serve-dsv4 OUT [CAP]  a tiny DeepSeek V4 (model_dsv4.py) served through our V4 class,
+#                                            with live-check; needs CuTe DSL and TileLang staged as "extra"
 #   bench/vllm_backend/h200.sh serve OUT     FLASHMLA_SPARSE records a reference; our backend serves with
 #                                            CUDA graphs, then capped at GB10's 101376 B of shared memory,
 #                                            and sparkseal live-check compares both with the reference
@@ -90,6 +92,19 @@ gpu-test)
         tests/test_sparse_mla_gpu.py \
         2>&1 | tee "$out/gpu-test.log" | tail -n 15
     ;;
+serve-dsv4)
+    # A tiny DeepSeek V4 (bench/vllm_backend/model_dsv4.py) served through our V4 class; $3 caps the
+    # kernel's shared memory (0: the device's limit). V4 needs CuTe DSL and TileLang, staged as "extra".
+    cap=${3:-0}
+    v4=/tmp/sparkseal-dsv4/h16
+    [ -f "$v4/target/config.json" ] || "$python" bench/vllm_backend/model_dsv4.py --out "$v4" --heads 16 >/dev/null
+    "$python" bench/live/serve.py --name "dsv4-ours-smem$cap" --model-dir "$v4" --site "$root/ours" \
+        --site "$root/deps" --site "$root/extra" --max-num-seqs 8 --out "$out/serve-dsv4" \
+        --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
+        --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" --start-deadline "${START_DEADLINE:-420}" \
+        --check "dsv4-ours-smem$cap:--concurrency 8 --long-prompt-tokens 2048 --vocab 100:1000" || true
+    grep -h "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$out/serve-dsv4"/*.server.log | sort | uniq -c | head -30 || true
+    ;;
 dsv4)
     for cap in 0 101376; do
         echo "== max_smem $cap"
@@ -97,7 +112,7 @@ dsv4)
     done
     ;;
 *)
-    echo "usage: $0 compare|serve|gpu-test|dsv4 OUT" >&2
+    echo "usage: $0 compare|serve|gpu-test|dsv4|serve-dsv4 OUT" >&2
     exit 2
     ;;
 esac

@@ -19,6 +19,7 @@ slot ids; a layer the kernel cannot serve is refused when vLLM builds the model,
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -26,6 +27,9 @@ from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_l
 
 from sparkseal.runtime import sparse_mla_vllm as rules
 from sparkseal.runtime.sparse_mla import sparse_mla_decode
+
+# vLLM configures only its own logger tree; the plugin logs under it too.
+logger = logging.getLogger("vllm.sparkseal")
 
 
 class SparksealDecode:
@@ -52,6 +56,7 @@ class SparksealDecode:
         if reason is not None:
             raise rules.UnsupportedConfiguration(f"{self.prefix}: {reason}")
         self.sparkseal_max_smem_bytes = rules.max_smem_bytes()
+        _announce(type(self), self.sparkseal_max_smem_bytes)
 
     def _forward_decode(
         self,
@@ -97,6 +102,16 @@ class SparksealDecode:
             max_smem_bytes=self.sparkseal_max_smem_bytes,
         )
         output.copy_(out)
+
+
+@functools.cache
+def _announce(cls: type, max_smem_bytes: int) -> None:
+    """One line per class and cap in the server log: which kernel V4's decode rows run."""
+    logger.info(
+        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel (%s, shared memory cap %s)",
+        cls.__qualname__,
+        max_smem_bytes or "the device's limit",
+    )
 
 
 def padded_query(q: torch.Tensor, heads: int) -> torch.Tensor:
