@@ -69,3 +69,19 @@ def pristine_vllm_tree(request: pytest.FixtureRequest) -> Path:
 def patched_vllm_tree(request: pytest.FixtureRequest) -> Path:
     """The patched and overlaid vllm/ tree (``$SPARKSEAL_PATCHED_TREE`` overrides the Bazel build)."""
     return _tree(request, "SPARKSEAL_PATCHED_TREE", "patched_tree")
+
+
+@pytest.fixture(scope="session")
+def h200_vllm() -> None:
+    """Skip unless a capability 9.0 GPU and vLLM are here: the GPU tests that check our backend against
+    FlashMLA (an H200-class kernel) inside vLLM, staged as in ``bench/vllm_backend/h200.sh``."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FlashMLA, the reference, runs on capability 9.0 here")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not importable: stage our wheel first (bench/vllm_backend/h200.sh)")

@@ -8,32 +8,22 @@ library; skipped otherwise. Run with ``pytest -m gpu``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.bazel_util import REPO
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def h200() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("FLASHMLA_SPARSE, the reference, runs on capability 9.0 here")
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not importable: stage our wheel first (bench/vllm_backend/h200.sh)")
-
-
 @pytest.mark.parametrize(("heads", "topk", "kv"), [(16, 512, "fp8_ds_mla"), (128, 2048, "auto")])
-def test_every_layer_agrees_with_flashmla(h200: None, tmp_path: Path, heads: int, topk: int, kv: str) -> None:
+def test_every_layer_agrees_with_flashmla(
+    h200_vllm: None, tmp_path: Path, heads: int, topk: int, kv: str
+) -> None:
     model = tmp_path / "model"
     bench = REPO / "bench/vllm_backend"
     make = [
