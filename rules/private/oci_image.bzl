@@ -108,8 +108,7 @@ if command -v podman >/dev/null && command -v skopeo >/dev/null; then
     "${{tool[@]}}" --oci-layout "$scratch/layout"
     skopeo copy --quiet "oci:$scratch/layout" "containers-storage:{storage_name}"
     echo "Loaded image: {storage_name}"
-elif command -v podman >/dev/null || command -v docker >/dev/null; then
-    engine=$(command -v podman || command -v docker)
+elif engine=$(command -v podman || command -v docker); then
     "${{tool[@]}}" | "$engine" load
 else
     echo "oci_load: neither podman nor docker is on PATH; write the archive with -- --output FILE" >&2

@@ -15,7 +15,6 @@ streams one when it is run (``sparkseal.core.docker_archive``), so a build write
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkseal.core.oci import (
+    BLOB_DIR,
     CONFIG_MEDIA_TYPE,
     CREATED,
     DIGEST_RE,
@@ -35,6 +35,7 @@ from sparkseal.core.oci import (
     REPOSITORY_RE,
     TAG_RE,
     canonical_json,
+    write_blob,
 )
 from sparkseal.core.platforms import OciPlatform, oci_platform
 
@@ -139,16 +140,6 @@ def image_config(layers: list[Layer], platform: OciPlatform, config: ImageConfig
     }
 
 
-def _blob_path(layout: Path, digest: str) -> Path:
-    return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
-
-
-def _write_blob(layout: Path, data: bytes, media_type: str) -> dict[str, object]:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    _blob_path(layout, digest).write_bytes(data)
-    return {"digest": digest, "mediaType": media_type, "size": len(data)}
-
-
 def external_blob_paths(layers: list[Layer], layout: Path) -> dict[str, str]:
     """Each layer blob's path relative to the layout directory, by digest (``EXTERNAL_BLOBS``).
 
@@ -180,9 +171,9 @@ def write_layout(
         raise OciError(
             f"layout directory {layout}: expected it empty, found {sorted(layout.iterdir())[0].name}"
         )
-    (layout / "blobs" / "sha256").mkdir(parents=True)
+    (layout / BLOB_DIR).mkdir(parents=True)
     (layout / EXTERNAL_BLOBS).write_bytes(canonical_json(external_blob_paths(layers, layout)))
-    config_blob = _write_blob(
+    config_blob = write_blob(
         layout, canonical_json(image_config(layers, platform, config)), CONFIG_MEDIA_TYPE
     )
     manifest = {
@@ -191,7 +182,7 @@ def write_layout(
         "mediaType": MANIFEST_MEDIA_TYPE,
         "schemaVersion": 2,
     }
-    manifest_blob = _write_blob(layout, canonical_json(manifest), MANIFEST_MEDIA_TYPE)
+    manifest_blob = write_blob(layout, canonical_json(manifest), MANIFEST_MEDIA_TYPE)
     entry = {**manifest_blob, "annotations": {REF_NAME: short_tag}, "platform": platform.as_dict()}
     index = {"manifests": [entry], "mediaType": INDEX_MEDIA_TYPE, "schemaVersion": 2}
     (layout / "index.json").write_bytes(canonical_json(index))

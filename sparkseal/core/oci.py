@@ -7,6 +7,7 @@ The image writer (``sparkseal.actions.oci_image``) and every reader (``sparkseal
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -27,6 +28,8 @@ CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 REF_NAME = "org.opencontainers.image.ref.name"
 LAYOUT_VERSION = "1.0.0"
+# Where a layout keeps its sha256 blobs, relative to the layout directory.
+BLOB_DIR = Path("blobs") / "sha256"
 
 # The OCI RFC 3339 form of SOURCE_DATE_EPOCH, for the config's and every history entry's ``created``.
 CREATED = datetime.datetime.fromtimestamp(SOURCE_DATE_EPOCH, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -94,6 +97,13 @@ def blob_path(layout: Path, digest: str) -> Path:
     return layout / outside if outside is not None else inside
 
 
+def write_blob(layout: Path, data: bytes, media_type: str) -> dict[str, object]:
+    """Write ``data`` as a blob of ``layout`` (whose ``blobs/sha256`` exists); return its descriptor."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    (layout / BLOB_DIR / digest.removeprefix("sha256:")).write_bytes(data)
+    return {"digest": digest, "mediaType": media_type, "size": len(data)}
+
+
 def write_complete_layout(layout: Path, dest: Path) -> None:
     """Write ``layout`` as an ordinary OCI layout at ``dest`` (absent or empty), every blob in ``blobs/``.
 
@@ -104,17 +114,17 @@ def write_complete_layout(layout: Path, dest: Path) -> None:
     if dest.exists() and any(dest.iterdir()):
         raise LayoutError(f"{dest}: expected an empty or absent directory for the layout")
     external = external_blobs(layout)
-    (dest / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (dest / BLOB_DIR).mkdir(parents=True, exist_ok=True)
     for name in ("oci-layout", "index.json"):
         shutil.copyfile(layout / name, dest / name)
-    digests = {p.name: p for p in (layout / "blobs" / "sha256").iterdir()}
+    digests = {p.name: p for p in (layout / BLOB_DIR).iterdir()}
     digests.update({d.removeprefix("sha256:"): layout / rel for d, rel in external.items()})
     for hexdigest, source in sorted(digests.items()):
         if not source.is_file():
             raise LayoutError(f"{layout}: blob sha256:{hexdigest} is not at {source}")
         if f"sha256:{hexdigest}" in external and (actual := sha256_file(source)) != hexdigest:
             raise LayoutError(f"{source}: expected the blob sha256:{hexdigest}, found sha256:{actual}")
-        target = dest / "blobs" / "sha256" / hexdigest
+        target = dest / BLOB_DIR / hexdigest
         try:
             os.link(source.resolve(), target)
         except OSError:
