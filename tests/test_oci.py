@@ -490,6 +490,49 @@ def bazel_ws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
     ws.shutdown()
 
 
+REFUSED_BUILD = """\
+load("//image:tree.bzl", "fixture_tree")
+load("//rules/private:module_manifest.bzl", "module_manifest")
+load("//rules/private:oci_layer.bzl", "oci_layer")
+
+fixture_tree(name = "venv", content = "X = 1")
+
+oci_layer(name = "no_platform", installer = "installer.whl", wheels = ["w-1.0-py3-none-any.whl"])
+
+oci_layer(name = "no_installer", platform = "linux_x86_64", wheels = ["w-1.0-py3-none-any.whl"])
+
+oci_layer(name = "plain", directories = ["/tmp"])
+
+module_manifest(name = "both", layers = [":plain"], trees = [":venv"])
+
+module_manifest(name = "neither")
+
+module_manifest(name = "wheelless", layers = [":plain"])
+"""
+
+
+@pytest.mark.bazel
+def test_rules_refuse_layers_and_manifests_they_cannot_build(bazel_ws: Workspace) -> None:
+    package = bazel_ws.root / "refused"
+    package.mkdir(exist_ok=True)
+    for name in ("installer.whl", "w-1.0-py3-none-any.whl"):
+        (package / name).write_bytes(b"not read: analysis stops first")
+    (package / "BUILD").write_text(REFUSED_BUILD)
+    targets = ["no_platform", "no_installer", "both", "neither", "wheelless"]
+    result = bazel_ws.bazel("build", "--nobuild", "--keep_going", *[f"//refused:{t}" for t in targets])
+    assert result.returncode != 0
+    for message in (
+        "sparkseal: //refused:no_platform: wheels need platform (one of linux_",
+        "sparkseal: //refused:no_installer: wheels need installer (the locked installer wheel, "
+        "@python_tools_any_installer//file)",
+        "sparkseal: //refused:both: give trees or layers, not both",
+        "sparkseal: //refused:neither: expected trees or layers, got neither",
+        "sparkseal: //refused:wheelless: layer //refused:plain installs no wheels, so it has no module "
+        "manifest",
+    ):
+        assert message in result.output, result.output[-4000:]
+
+
 def _sandboxed(output: str) -> int:
     match = re.search(r"(\d+) linux-sandbox", output)
     return int(match.group(1)) if match else 0
