@@ -137,6 +137,26 @@ def test_plan_reuses_equal_versions_and_stages_the_rest(tmp_path: Path):
     assert [e["name"] for e in plan["not_staged"]] == ["flashinfer-cubin"]
 
 
+def test_plan_stages_what_deepseek_v4_needs_only_when_asked(tmp_path: Path):
+    wheels = {
+        name: {
+            "filename": f"{name.replace('-', '_')}-1.0-py3-none-any.whl",
+            "sha256": "e" * 64,
+            "version": "1.0",
+        }
+        for name in ("tilelang", "quack-kernels", "tokenspeed-mla")
+    }
+    lock = tmp_path / "lock.files.json"
+    lock.write_text(json.dumps({"wheels": wheels}))
+    installed = tmp_path / "pip.json"
+    installed.write_text("[]")
+    plain = stage.plan(lock, installed)
+    assert plain["stage"] == [] and len(plain["not_staged"]) == 3
+    v4 = stage.plan(lock, installed, deepseek_v4=True)
+    assert [e["name"] for e in v4["stage"]] == ["quack-kernels", "tilelang"]
+    assert [e["name"] for e in v4["not_staged"]] == ["tokenspeed-mla"]
+
+
 @pytest.mark.parametrize("name", ["target", "draft"])
 def test_test_model_configs(tmp_path: Path, name: str):
     result = subprocess.run(

@@ -52,7 +52,7 @@ NOT_STAGED = {
     "flashinfer-cubin": "prebuilt FlashInfer kernels; FlashInfer falls back to its JIT path, unused here",
     "tokenspeed-triton": "Triton fork for the TokenSpeed MLA kernels (DeepSeek models only)",
     "tokenspeed-mla": "MLA kernels for DeepSeek models",
-    "nvidia-cutlass-dsl": "CuTe DSL, used by FlashInfer/quack kernels the test model does not reach",
+    "nvidia-cutlass-dsl": "CuTe DSL, used by FlashInfer/quack kernels and DeepSeek V4's compressor",
     "nvidia-cutlass-dsl-libs-base": "CuTe DSL libraries",
     "nvidia-cutlass-dsl-libs-cu13": "CuTe DSL libraries",
     "quack-kernels": "CuTe DSL kernels",
@@ -61,13 +61,26 @@ NOT_STAGED = {
     "nvidia-cuda-crt": "device compiler headers",
     "nvidia-cuda-tileiras": "cuTile compiler",
     "cuda-tile": "cuTile front end",
-    "tilelang": "TileLang kernels (DeepSeek sparse attention)",
+    "tilelang": "TileLang kernels (DeepSeek V4's hyper-connections)",
     "z3-solver": "TileLang dependency",
     "pynvvideocodec": "video decoding for multimodal inputs",
     "torchcodec": "video decoding for multimodal inputs",
     "numba": "n-gram proposer only; not imported when serving (the machine has its own numba)",
     "llvmlite": "numba's compiler",
 }
+
+# What DeepSeek V4 needs on top (bench/vllm_backend/h200.sh serve-dsv4): its compressor and indexer run
+# CuTe DSL kernels (with quack's), its hyper-connections TileLang kernels. `plan --deepseek-v4` stages them.
+DEEPSEEK_V4 = frozenset(
+    {
+        "nvidia-cutlass-dsl",
+        "nvidia-cutlass-dsl-libs-base",
+        "nvidia-cutlass-dsl-libs-cu13",
+        "quack-kernels",
+        "tilelang",
+        "z3-solver",
+    }
+)
 
 
 def die(message: str) -> None:
@@ -78,8 +91,9 @@ def die(message: str) -> None:
 # ---------------------------------------------------------------- plan and fetch (build side)
 
 
-def plan(lock: Path, installed: Path) -> dict:
+def plan(lock: Path, installed: Path, deepseek_v4: bool = False) -> dict:
     """Which locked wheels the GPU machine lacks at the locked version, and which it already has."""
+    left_out = {k: v for k, v in NOT_STAGED.items() if not (deepseek_v4 and k in DEEPSEEK_V4)}
     wheels = json.loads(lock.read_text())["wheels"]
     have = {normalize_name(p["name"]): p["version"] for p in json.loads(installed.read_text())}
     stage, reuse, skipped = [], [], []
@@ -87,8 +101,8 @@ def plan(lock: Path, installed: Path) -> dict:
         entry = {"name": name, "version": wheel["version"], "filename": wheel["filename"]}
         if have.get(normalize_name(name)) == wheel["version"]:
             reuse.append(entry)
-        elif normalize_name(name) in NOT_STAGED:
-            skipped.append({**entry, "reason": NOT_STAGED[normalize_name(name)]})
+        elif normalize_name(name) in left_out:
+            skipped.append({**entry, "reason": left_out[normalize_name(name)]})
         else:
             # A version-specific wheel (cp311) is replaced by the same release built for the machine's Python;
             # py3 and abi3 wheels travel as locked, sha256 included.
@@ -342,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "--installed", type=Path, required=True, help="`pip list --format=json` of the GPU machine"
     )
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--deepseek-v4", action="store_true", help="also stage what DeepSeek V4 needs")
     f = commands.add_parser("fetch")
     f.add_argument("--plan", type=Path, required=True)
     f.add_argument("--dir", type=Path, required=True)
@@ -373,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "plan":
-        doc = plan(args.lock, args.installed)
+        doc = plan(args.lock, args.installed, args.deepseek_v4)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"stage {len(doc['stage'])}, reuse {len(doc['reuse'])}, not staged {len(doc['not_staged'])}")

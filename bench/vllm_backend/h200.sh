@@ -9,7 +9,7 @@
 #   bench/vllm_backend/h200.sh dsv4 OUT      DeepSeek V4 decode through our class against FlashMLA's class
 #                                            (bench/vllm_backend/dsv4_decode.py), at the device limit and capped
 #   bench/vllm_backend/h200.sh serve-dsv4 OUT [CAP]  a tiny DeepSeek V4 (model_dsv4.py) served through our V4 class,
-#                                            with live-check; needs CuTe DSL and TileLang staged as "extra"
+#                                            with live-check; needs CuTe DSL and TileLang (stage.py plan --deepseek-v4)
 #   bench/vllm_backend/h200.sh serve OUT     FLASHMLA_SPARSE records a reference; our backend serves with
 #                                            CUDA graphs, then capped at GB10's 101376 B of shared memory,
 #                                            and sparkseal live-check compares both with the reference
@@ -94,15 +94,35 @@ gpu-test)
     ;;
 serve-dsv4)
     # A tiny DeepSeek V4 (bench/vllm_backend/model_dsv4.py) served through our V4 class; $3 caps the
-    # kernel's shared memory (0: the device's limit). V4 needs CuTe DSL and TileLang, staged as "extra".
+    # kernel's shared memory (0: the device's limit). V4 needs CuTe DSL and TileLang: stage them with
+    # `stage.py plan --deepseek-v4` (into deps), or installed into $root/extra.
     cap=${3:-0}
     v4=/tmp/sparkseal-dsv4/h16
     [ -f "$v4/target/config.json" ] || "$python" bench/vllm_backend/model_dsv4.py --out "$v4" --heads 16 >/dev/null
-    "$python" bench/live/serve.py --name "dsv4-ours-smem$cap" --model-dir "$v4" --site "$root/ours" \
-        --site "$root/deps" --site "$root/extra" --max-num-seqs 8 --out "$out/serve-dsv4" \
-        --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
-        --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" --start-deadline "${START_DEADLINE:-420}" \
-        --check "dsv4-ours-smem$cap:--concurrency 8 --long-prompt-tokens 2048 --vocab 100:1000" || true
+    sites=(--site "$root/ours" --site "$root/deps")
+    [ -d "$root/extra" ] && sites+=(--site "$root/extra")
+    # TileLang's libcudart stub, once loaded, is what FlashInfer's find_loaded_library("libcudart") finds
+    # ("undefined symbol: cudaDeviceReset" in vLLM's kernel warm-up): point it at the real library.
+    cudart=$("$python" -c 'import glob, nvidia; print(sorted(f for p in nvidia.__path__ for f in glob.glob(p + "/cu*/lib/libcudart.so.*"))[0])')
+    for stub in "$root"/deps/tilelang/lib/libcudart_stub.so "$root"/extra/tilelang/lib/libcudart_stub.so; do
+        if [ -f "$stub" ] && [ ! -L "$stub" ]; then
+            mv "$stub" "$stub.orig"
+            ln -s "$cudart" "$stub"
+        fi
+    done
+    ref=$out/serve-dsv4/flashmla-reference.json
+    long=(--long-prompt-tokens 2048 --vocab 100:1000)
+    serve_v4() {
+        "$python" bench/live/serve.py --model-dir "$v4" "${sites[@]}" --max-num-seqs 8 --out "$out/serve-dsv4" \
+            --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --start-deadline "${START_DEADLINE:-420}" "$@" || true
+    }
+    # FlashMLA's V4 class records the reference (vLLM's JIT compilations happen in this first server),
+    # then ours serves and is compared with it (near-ties within live-check's tie margin are counted).
+    [ -f "$ref" ] || serve_v4 --name dsv4-flashmla --vllm-arg=--attention-backend --vllm-arg=FLASHMLA_SPARSE_DSV4 \
+        --check "dsv4-flashmla:--record $ref ${long[*]}"
+    serve_v4 --name "dsv4-ours-smem$cap" --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
+        --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" \
+        --check "dsv4-ours-smem$cap:--concurrency 8 --against $ref ${long[*]}"
     grep -h "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$out/serve-dsv4"/*.server.log | sort | uniq -c | head -30 || true
     ;;
 dsv4)
