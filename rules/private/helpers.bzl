@@ -10,6 +10,7 @@ HELPER_SOURCES = {
     "sparkseal.fetch.actual_sha256": [
         "sparkseal/__init__.py",
         "sparkseal/core/__init__.py",
+        "sparkseal/core/credentials.py",
         "sparkseal/core/determinism.py",
         "sparkseal/core/digests.py",
         "sparkseal/core/platforms.py",
@@ -24,6 +25,7 @@ HELPER_SOURCES = {
     "sparkseal.fetch.credentials": [
         "sparkseal/__init__.py",
         "sparkseal/core/__init__.py",
+        "sparkseal/core/credentials.py",
         "sparkseal/core/platforms.py",
         "sparkseal/core/wheels.py",
         "sparkseal/fetch/__init__.py",
@@ -42,6 +44,7 @@ HELPER_SOURCES = {
     "sparkseal.fetch.resolve": [
         "sparkseal/__init__.py",
         "sparkseal/core/__init__.py",
+        "sparkseal/core/credentials.py",
         "sparkseal/core/platforms.py",
         "sparkseal/core/wheels.py",
         "sparkseal/fetch/__init__.py",

@@ -19,13 +19,10 @@ registry asks for one; they never appear in output.
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import http.client
 import ipaddress
 import json
-import netrc
-import os
 import re
 import sys
 import urllib.parse
@@ -33,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkseal.core.credentials import Credentials, CredentialsError, from_netrc
 from sparkseal.core.oci import (
     DIGEST_RE,
     INDEX_MEDIA_TYPE,
@@ -156,18 +154,11 @@ def _parse(data: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def _credentials(host: str) -> tuple[str, str] | None:
-    path = Path(os.environ["NETRC"]) if os.environ.get("NETRC") else Path.home() / ".netrc"
-    if not path.is_file():
-        return None
+def _credentials(host: str) -> Credentials | None:
     try:
-        entry = netrc.netrc(str(path)).authenticators(host)
-    except (OSError, netrc.NetrcParseError) as exc:
-        raise PushError(f"netrc file {path}: not readable: {type(exc).__name__}") from None
-    if entry is None:
-        return None
-    login, _, password = entry
-    return login or "", password or ""
+        return from_netrc(host)
+    except CredentialsError as exc:
+        raise PushError(str(exc)) from None
 
 
 @dataclass
@@ -198,8 +189,7 @@ class Registry:
         self._credentials = _credentials(urllib.parse.urlsplit("//" + reference.registry).hostname or "")
         self._authorization = ""
         if self._credentials is not None:
-            token = base64.b64encode(":".join(self._credentials).encode()).decode("ascii")
-            self._authorization = f"Basic {token}"
+            self._authorization = self._credentials.header()
 
     def _connection(self) -> http.client.HTTPConnection:
         if self.scheme == "https":
@@ -246,8 +236,7 @@ class Registry:
         connection = connection_type(parts.netloc, timeout=TIMEOUT_S)
         headers = {}
         if self._credentials is not None:
-            token = base64.b64encode(":".join(self._credentials).encode()).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
+            headers["Authorization"] = self._credentials.header()
         try:
             connection.request("GET", parts.path + "?" + parts.query, headers=headers)
             response = connection.getresponse()
