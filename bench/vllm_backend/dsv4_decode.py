@@ -199,17 +199,15 @@ def decode(obj: torch.nn.Module, step: SimpleNamespace, meta: tuple, out: torch.
 
 
 def reference(step: SimpleNamespace) -> torch.Tensor:
-    """Float32 result of the same rows, with the C4A rows mapped through the block table in PyTorch."""
+    """Float32 result of the same rows, with the C4A rows mapped through the block table by our PyTorch
+    conversion (``sparse_mla_vllm.to_global_slots``), not vLLM's Triton kernel the classes call."""
     from sparkseal.runtime.sparse_mla_ref import V4_FP8, sparse_mla_decode_ref
+    from sparkseal.runtime.sparse_mla_vllm import to_global_slots
 
     extra = {}
     if step.case.ratio == 4:
-        page = step.extra.shape[1]
-        local = step.topk_buffer.long()
-        valid = local >= 0
-        blocks = step.block_table[step.req.long()[:, None], torch.where(valid, local // page, 0)]
-        slots = torch.where(valid, blocks.long() * page + local % page, -1).to(torch.int32)
-        extra = {"extra_cache": step.extra, "extra_indices": slots, "extra_topk_length": valid.sum(1).int()}
+        slots, lengths = to_global_slots(step.req, step.block_table, step.topk_buffer, step.extra.shape[1])
+        extra = {"extra_cache": step.extra, "extra_indices": slots, "extra_topk_length": lengths}
     elif step.case.ratio == 128:
         extra = {
             "extra_cache": step.extra,
@@ -229,8 +227,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return whole, rows
 
 
-def graph_time(fn, replays: int = 200) -> float:  # type: ignore[no-untyped-def]
-    """Microseconds per replay of a CUDA graph of ``fn``."""
+def captured(fn) -> torch.cuda.CUDAGraph:  # type: ignore[no-untyped-def]
+    """A CUDA graph of ``fn``, after one warm-up call on a side stream (Triton compiles there)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -239,6 +237,12 @@ def graph_time(fn, replays: int = 200) -> float:  # type: ignore[no-untyped-def]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def graph_time(fn, replays: int = 200) -> float:  # type: ignore[no-untyped-def]
+    """Microseconds per replay of a CUDA graph of ``fn``."""
+    graph = captured(fn)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -275,14 +279,7 @@ def run_case(case: Case, seed: int, timing: bool) -> dict:
     # Our class in a CUDA graph: capture, write the next step's rows into the same buffers, replay.
     meta = metadata(step)
     graph_out = torch.zeros_like(step.q)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        decode(ours, step, meta, graph_out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        decode(ours, step, meta, graph_out)
+    graph = captured(lambda: decode(ours, step, meta, graph_out))
     nxt = build(case, seed + 1)
     for name in ("q", "swa_indices", "swa_lens", "topk_buffer", "c128a_indices", "c128a_lens"):
         if getattr(step, name) is not None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from sparkseal.runtime.sparse_mla import SUPPORTED_HEADS
-from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE, V4_FP8, V32_BF16, V32_FP8, V_DIM, Layout
+from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE, ROPE_DIM, V4_FP8, V32_BF16, V32_FP8, V_DIM, Layout
 
 # The operator's switch: "1" makes our backend vLLM's first choice for sparse MLA on capability 12.x
 # (GB10), where vLLM would otherwise pick FLASHINFER_MLA_SPARSE_SM120. `--attention-backend CUSTOM`
@@ -144,10 +144,10 @@ def dsv4_reason(
             f"({DSV4_LAYOUT.record_bytes} bytes; pass --kv-cache-dtype fp8), got {kv_cache_dtype!r}"
             + ("" if uses_fp8_ds_mla_layout else " in per-tensor rows")
         )
-    if head_dim != DSV4_LAYOUT.q_dim or rope_head_dim != DSV4_LAYOUT.q_dim - DSV4_LAYOUT.nope_dim:
+    if head_dim != DSV4_LAYOUT.q_dim or rope_head_dim != ROPE_DIM:
         return (
-            f"{DSV4_WHERE}: head sizes: expected head_dim {DSV4_LAYOUT.q_dim} with rope "
-            f"{DSV4_LAYOUT.q_dim - DSV4_LAYOUT.nope_dim}, got {head_dim} with rope {rope_head_dim}"
+            f"{DSV4_WHERE}: head sizes: expected head_dim {DSV4_LAYOUT.q_dim} with rope {ROPE_DIM}, "
+            f"got {head_dim} with rope {rope_head_dim}"
         )
     if padded_heads not in SUPPORTED_HEADS:
         return (

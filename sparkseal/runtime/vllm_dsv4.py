@@ -115,14 +115,10 @@ def _announce(cls: type, max_smem_bytes: int) -> None:
 
 
 def padded_query(q: torch.Tensor, heads: int) -> torch.Tensor:
-    """``q`` as the kernel takes it: bf16, contiguous, zero heads appended up to the output's ``heads``.
+    """``q`` contiguous, with zero heads appended up to the output's ``heads`` (its dtype the binding checks).
 
     FlashMLA's class hands over queries already padded; FlashInfer's SM120 class pads them itself.
     """
-    if q.dtype != torch.bfloat16:
-        raise rules.UnsupportedConfiguration(
-            f"{rules.DSV4_WHERE}: query dtype: expected torch.bfloat16, got {q.dtype}"
-        )
     if q.shape[1] < heads:
         q = torch.nn.functional.pad(q, (0, 0, 0, heads - q.shape[1]))
     return q.contiguous()
