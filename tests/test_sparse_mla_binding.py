@@ -80,6 +80,16 @@ def test_page_size_comes_from_each_cache() -> None:
     ]
 
 
+def test_more_slots_than_int32_ids_are_refused() -> None:
+    args = _inputs(LAYOUTS["v4_fp8"], device="meta")
+    huge = torch.empty(2**25, PAGE_SIZE, 584, dtype=torch.uint8, device="meta")
+    with pytest.raises(
+        ValueError,
+        match=r"cache slots \(pages x page size\): expected <= 2147483647 \(int32 slot ids\), got 2147483648",
+    ):
+        check_inputs(args["q"], huge, args["indices"], 0.1, "v4_fp8")
+
+
 def test_padded_pages_report_their_stride() -> None:
     buffer = torch.zeros(4, PAGE_SIZE * 584 + 64, dtype=torch.uint8)
     cache = buffer[:, : PAGE_SIZE * 584].view(4, PAGE_SIZE, 584)

@@ -192,3 +192,47 @@ def test_switch_and_smem_cap_settings() -> None:
     for bad in ("-1", "99KB"):
         with pytest.raises(rules.UnsupportedConfiguration, match=rf"expected a byte count >= 0, got '{bad}'"):
             rules.max_smem_bytes({rules.MAX_SMEM_ENV: bad})
+
+
+@pytest.fixture
+def vllm_dsv4(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """``sparkseal.runtime.vllm_dsv4`` imported against a stand-in for the one vLLM module it needs."""
+    import importlib
+    import sys
+    import types
+
+    for name in ("vllm", "vllm.models", "vllm.models.deepseek_v4", "vllm.models.deepseek_v4.common"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    ops = types.ModuleType("vllm.models.deepseek_v4.common.ops")
+    ops.compute_global_topk_indices_and_lens = None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, ops.__name__, ops)
+    monkeypatch.delitem(sys.modules, "sparkseal.runtime.vllm_dsv4", raising=False)
+    yield importlib.import_module("sparkseal.runtime.vllm_dsv4")
+    # Not left importable against the stand-in.
+    sys.modules.pop("sparkseal.runtime.vllm_dsv4", None)
+    monkeypatch.delattr("sparkseal.runtime.vllm_dsv4", raising=False)
+
+
+def test_deepseek_v4_class_needs_a_base_with_a_decode_step(vllm_dsv4) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError) as raised:
+        vllm_dsv4.attention_class(dict)
+    assert str(raised.value) == (
+        f"{rules.DSV4_WHERE}: builtins.dict: expected a DeepSeek V4 attention class with _forward_decode "
+        "(vLLM 0.25.1's FlashMLA or FlashInfer SM120 class)"
+    )
+
+
+def test_a_compressed_v4_layer_without_metadata_is_an_error(vllm_dsv4) -> None:  # type: ignore[no-untyped-def]
+    class Base:
+        def _forward_decode(self, *args: object) -> None:
+            raise AssertionError("replaced by ours")
+
+    layer = object.__new__(vllm_dsv4.attention_class(Base))
+    layer.prefix, layer.compress_ratio = "model.layers.2.attn", 4
+    meta = type("Meta", (), {"num_decode_tokens": 1, "is_valid_token": None})()
+    with pytest.raises(RuntimeError) as raised:
+        layer._forward_decode(torch.zeros(1, 64, 512), torch.zeros(1), meta, None, False, torch.zeros(1))
+    assert (
+        str(raised.value)
+        == f"{rules.DSV4_WHERE}: model.layers.2.attn: a compressed layer without its metadata"
+    )
