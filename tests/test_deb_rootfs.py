@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -202,6 +203,37 @@ def test_output_is_identical_whatever_the_input_order(debs: list[Path], tmp_path
     assert first == second
 
 
+def test_the_standard_library_gets_reproducible_unchecked_bytecode(debs: list[Path], tmp_path: Path) -> None:
+    stdlib = make_deb(
+        tmp_path / "debs",
+        "libpython3.11-stdlib",
+        "3.11.2-6",
+        ARCH,
+        {
+            "usr/lib/python3.11/json/__init__.py": b'"""JSON."""\nNAMES = {"a", "b"}\n',
+            "usr/lib/python3.11/json/decoder.py": b"def decode(s):\n    return s\n",
+            "usr/lib/python3.11/lib2to3/tests/data/py2_test_grammar.py": b"print 'python 2'\n",
+            "usr/lib/python3.11/json/tool.py": Link("decoder.py"),
+            "usr/share/doc/python3.11/example.py": b"X = 1\n",
+        },
+    )
+    first = _build([*debs, stdlib], tmp_path / "a")
+    pycs = sorted(p.relative_to(first).as_posix() for p in first.rglob("*.pyc"))
+    assert pycs == [
+        "usr/lib/python3.11/json/__pycache__/__init__.cpython-311.pyc",
+        "usr/lib/python3.11/json/__pycache__/decoder.cpython-311.pyc",
+    ]  # not the Python 2 file, nor a link, nor a .py outside the standard library
+    data = (first / pycs[1]).read_bytes()
+    assert int.from_bytes(data[4:8], "little") == 0b01  # PEP 552: hash-based, unchecked
+    assert marshal.loads(data[16:]).co_filename == "/usr/lib/python3.11/json/decoder.py"
+    assert (first / pycs[0]).stat().st_mode & 0o777 == 0o644
+    dirs = json.loads((tmp_path / "a" / "dirs.json").read_text())
+    assert "usr/lib/python3.11/json/__pycache__" in dirs
+    # Another directory, the packages in the other order: the same bytes.
+    second = _build([stdlib, *debs[::-1]], tmp_path / "b" / "deeper")
+    assert _digest_tree(first) == _digest_tree(second)
+
+
 @pytest.mark.parametrize(
     ("member", "expected"),
     [
@@ -373,6 +405,20 @@ print(stub.__name__)
 """
 
 
+# Imports a good part of the standard library and prints how many modules were compiled from source.
+COUNT_COMPILED = """
+import importlib._bootstrap_external as ext
+compiled = []
+to_code = ext.SourceLoader.source_to_code
+def counting(self, data, path, *, _optimize=-1):
+    compiled.append(path)
+    return to_code(self, data, path, _optimize=_optimize)
+ext.SourceLoader.source_to_code = counting
+import asyncio, email.parser, json, logging.handlers, ssl, sqlite3, subprocess, urllib.request
+print(len(compiled), compiled[:3])
+"""
+
+
 @pytest.mark.network
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("chroot") is None, reason="chroot needs root")
 def test_real_amd64_rootfs_runs_python_and_builds_a_triton_style_stub(tmp_path: Path) -> None:
@@ -391,6 +437,8 @@ def test_real_amd64_rootfs_runs_python_and_builds_a_triton_style_stub(tmp_path: 
     )
     assert _run_in(root, "/usr/bin/python3", "-c", TRITON_LIKE_BUILD, user="1000:1000").strip() == "stub"
     assert _run_in(root, "/bin/sh", "-c", "echo sh").strip() == "sh"
+    # The standard library loads from the shipped bytecode: nothing is compiled from source.
+    assert _run_in(root, "/usr/bin/python3", "-c", COUNT_COMPILED).split() == ["0", "[]"]
     assert "ID=debian" in _run_in(root, "/usr/bin/python3", "-c", "print(open('/etc/os-release').read())")
     assert "ii  libc6:amd64" in _run_in(root, "/usr/bin/dpkg", "-l", "libc6")
 

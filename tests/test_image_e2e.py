@@ -103,6 +103,32 @@ def test_vllm_and_sparkseal_import_and_the_patch_is_the_one_imported(loaded_imag
     assert patched == "True"
 
 
+def test_imports_load_the_shipped_bytecode_and_compile_no_venv_module(loaded_image: str) -> None:
+    # Counts every module compiled from source during the import; with the layers' pycs, none of the venv.
+    script = (
+        "import importlib._bootstrap_external as ext\n"
+        "compiled = []\n"
+        "to_code = ext.SourceLoader.source_to_code\n"
+        "def counting(self, data, path, *, _optimize=-1):\n"
+        "    compiled.append(path)\n"
+        "    return to_code(self, data, path, _optimize=_optimize)\n"
+        "ext.SourceLoader.source_to_code = counting\n"
+        "import sys, vllm, torch\n"
+        "venv = [p for p in compiled if p.startswith(sys.prefix + '/')]\n"
+        "header = open(torch.__cached__, 'rb').read(8)\n"
+        "loaded = len([m for m in sys.modules.values() if getattr(m, '__cached__', None)])\n"
+        "print('RESULT', sys.prefix, loaded, len(venv), int.from_bytes(header[4:8], 'little'), venv[:3])\n"
+    )
+    done = _run(loaded_image, "-c", script, entrypoint="/opt/venv/bin/python3")
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = [line.split(maxsplit=5)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 1, done.stdout[-4000:]
+    prefix, loaded, from_source, flags, examples = results[0]
+    assert prefix == "/opt/venv" and int(loaded) > 1000  # vLLM and torch import well over a thousand modules
+    assert (from_source, examples) == ("0", "[]")
+    assert flags == "1"  # PEP 552: hash-based, unchecked
+
+
 def test_manifest_check_passes_inside_the_image(loaded_image: str) -> None:
     done = _run(loaded_image, "verify-modules", entrypoint="/opt/venv/bin/sparkseal")
     assert done.returncode == 0, done.stdout + done.stderr

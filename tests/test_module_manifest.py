@@ -49,6 +49,25 @@ def test_tree_manifest_groups_files_by_record(tmp_path: Path) -> None:
     assert vllm["digest"] == mm.listing_digest(vllm["files"])
 
 
+def test_given_digests_are_used_and_must_name_exactly_the_files(tmp_path: Path) -> None:
+    make_venv(tmp_path)
+    venv = tmp_path / "opt/venv"
+    read = {p.relative_to(venv).as_posix(): _sha(p.read_bytes()) for p in venv.rglob("*") if p.is_file()}
+    assert mm.tree_manifest(tmp_path, "/opt/venv", read) == mm.tree_manifest(tmp_path, "/opt/venv")
+    # The digests are taken as given (the layer writer computed them from the bytes it wrote).
+    given = {**read, f"{SITE}/vllm/config.py": "0" * 64}
+    files = mm.tree_manifest(tmp_path, "/opt/venv", given)["distributions"]["vllm"]["files"]
+    assert files["vllm/config.py"] == "0" * 64
+
+    short = {k: v for k, v in read.items() if k != f"{SITE}/vllm/config.py"}
+    with pytest.raises(mm.ManifestError) as error:
+        mm.tree_manifest(tmp_path, "/opt/venv", {**short, "gone.py": "1" * 64})
+    assert str(error.value) == (
+        f"{venv}: the given digests do not name the files there: files without a digest "
+        f"['{SITE}/vllm/config.py'], digests without a file ['gone.py']"
+    )
+
+
 def test_digests_match_coreutils_sha256sum(tmp_path: Path) -> None:
     """The module docstring promises that sha256sum alone reproduces the digests."""
     site = make_venv(tmp_path)

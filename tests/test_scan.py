@@ -193,6 +193,30 @@ def test_allowlist_allows_and_reports_unused_entries(tmp_path: Path) -> None:
     ]
 
 
+def test_an_entry_for_a_source_covers_its_bytecode_only() -> None:
+    site = "opt/venv/lib/python3.11/site-packages"
+    allow = [scan.AllowEntry(f"{site}/pkg/net.py", "private-ipv4", "a documented example address")]
+    findings = [
+        scan.Finding(f"{site}/pkg/__pycache__/net.cpython-311.pyc", None, "private-ipv4", "10.2***"),
+        scan.Finding(f"{site}/pkg/__pycache__/net.cpython-311.pyc", None, "home-path", "/home/a***"),
+        scan.Finding(f"{site}/pkg/__pycache__/other.cpython-311.pyc", None, "private-ipv4", "10.2***"),
+        scan.Finding(f"{site}/pkg/sub/__pycache__/net.cpython-311.pyc", None, "private-ipv4", "10.2***"),
+        scan.Finding(f"{site}/pkg/net.pyc", None, "private-ipv4", "10.2***"),
+    ]
+    report = scan.apply_allowlist(findings, allow)
+    assert [f.path for f in report.allowed] == [f"{site}/pkg/__pycache__/net.cpython-311.pyc"]
+    assert [(f.path.removeprefix(site), f.rule) for f in report.findings] == [
+        ("/pkg/__pycache__/net.cpython-311.pyc", "home-path"),
+        ("/pkg/__pycache__/other.cpython-311.pyc", "private-ipv4"),
+        ("/pkg/sub/__pycache__/net.cpython-311.pyc", "private-ipv4"),
+        ("/pkg/net.pyc", "private-ipv4"),
+    ]
+    assert scan.allow_paths("__pycache__/top.cpython-311.opt-1.pyc") == (
+        "__pycache__/top.cpython-311.opt-1.pyc",
+        "top.py",
+    )
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [

@@ -90,6 +90,7 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
     for layer, wheels in venv_layers:
         oci_layer(
             name = "layer_%s_%s" % (layer, platform),
+            bytecode = True,
             installer = "@python_tools_any_installer//file",
             platform = platform,
             pyvenv_cfg = layer == TORCH_LAYER,

@@ -76,6 +76,8 @@ def _oci_layer_impl(ctx):
         args.add_all(["--dir", dest])
     for dest, mode in ctx.attr.modes.items():
         args.add_all(["--mode", dest, mode])
+    if ctx.attr.bytecode and not modules:
+        fail("sparkseal: %s: bytecode needs wheels: only installed wheels are byte-compiled" % ctx.label)
     if modules:
         if not ctx.attr.platform:
             fail("sparkseal: %s: wheels need platform (one of %s)" % (ctx.label, ", ".join(PLATFORMS)))
@@ -87,6 +89,8 @@ def _oci_layer_impl(ctx):
         args.add_all(["--venv", ctx.attr.venv, "--modules", modules])
         if not ctx.attr.pyvenv_cfg:
             args.add("--no-pyvenv-cfg")
+        if ctx.attr.bytecode:
+            args.add("--bytecode")
         inputs += ctx.files.wheels + [ctx.file.installer]
         if ctx.file.replaces:
             args.add("--replaces", ctx.file.replaces)
@@ -148,9 +152,11 @@ says otherwise. Empty directories of a tree are not written; declare them in `di
 and owner) or `directories`.
 
 `wheels` are installed into the layer's virtual environment at `venv` (tags checked against `platform`,
-no code run, no bytecode) in a scratch directory of the action that only the layer's tar keeps: no
+no code run) in a scratch directory of the action that only the layer's tar keeps: no
 installed tree is a build output. Such a layer also writes `name.modules.json`, the module manifest of the
-wheels' files, which `module_manifest(layers = ...)` merges into the image's.""",
+wheels' files, which `module_manifest(layers = ...)` merges into the image's. With `bytecode`, their
+sources are byte-compiled too: reproducible unchecked-hash pycs that each distribution's RECORD and the
+module manifest list, so that no rank compiles a module at start-up.""",
     attrs = {
         "trees": attr.label_keyed_string_dict(
             allow_files = True,
@@ -175,6 +181,9 @@ wheels' files, which `module_manifest(layers = ...)` merges into the image's."""
         "wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels to install into the venv at `venv`."),
         "platform": attr.string(values = [""] + PLATFORMS, doc = "Target wheel platform (with `wheels`)."),
         "venv": attr.string(default = "/opt/venv", doc = "Path of the virtual environment in the image."),
+        "bytecode": attr.bool(
+            doc = "Byte-compile the installed wheels' sources (unchecked-hash pycs, sparkseal/core/bytecode.py).",
+        ),
         "pyvenv_cfg": attr.bool(default = False, doc = "Write the venv's pyvenv.cfg (in one layer only)."),
         "replaces": attr.label(
             allow_single_file = [".json"],

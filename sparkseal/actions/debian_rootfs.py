@@ -15,7 +15,9 @@ neither symlinks nor empty directories reliably:
 Paths are relative to the root; keys are sorted. What the image needs from the skipped maintainer
 scripts is done here, each step named in ``_configure``: ``/etc/passwd`` and ``/etc/group``, the CA
 bundle, the ``nsswitch.conf`` and ``localtime`` defaults, and the dpkg database (``var/lib/dpkg/status``
-and ``info/*.list``/``*.md5sums``) that image scanners and SBOM tools read.
+and ``info/*.list``/``*.md5sums``) that image scanners and SBOM tools read, and the interpreter's bytecode
+(its postinst runs ``py3compile``): here reproducible unchecked-hash pycs of the standard library
+(``sparkseal.core.bytecode``), so that no start of the image compiles it again.
 """
 
 from __future__ import annotations
@@ -28,16 +30,19 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import sys
 import tarfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from sparkseal.core.bytecode import BytecodeError, compile_tree
 from sparkseal.core.determinism import DIR_MODE, FILE_MODE, GID, STICKY_DIR_MODE, UID
 from sparkseal.core.digests import sha256_file
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.tree import normalised_mode
+from sparkseal.core.wheels import PYTHON_VERSION
 
 # Top-level directories that are symlinks into /usr on a merged-/usr system (bookworm's default); a
 # link is made for each one whose /usr counterpart exists.
@@ -383,6 +388,30 @@ def _configure(builder: RootfsBuilder) -> None:
             builder.add_file(f"var/lib/dpkg/info/{pkg.info_name}.md5sums", pkg.md5sums, "dpkg info")
 
 
+# The image interpreter's standard library; its bytecode is what python3.11's postinst would write.
+STDLIB = f"usr/lib/python{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}"
+
+
+def _compile_stdlib(builder: RootfsBuilder) -> int:
+    """Byte-compile the standard library's sources (py3compile's job); return the number of pycs."""
+    root = PurePosixPath(STDLIB)
+    sources = sorted(
+        path.relative_to(root).as_posix()
+        for path, entry in builder.entries.items()
+        if entry.kind == "file" and path.suffix == ".py" and root in path.parents
+    )
+    if not sources:
+        return 0
+    site = builder.out / STDLIB
+    try:
+        written = compile_tree(site, f"/{STDLIB}", sources, len(os.sched_getaffinity(0)))
+    except BytecodeError as error:
+        raise DebError(f"bytecode of {STDLIB}: {error}") from error
+    for _, pyc in written:
+        builder.add_file(f"{STDLIB}/{pyc}", (site / pyc).read_bytes(), "bytecode")
+    return len(written)
+
+
 def check_against_lock(debs: list[Path], lock: Path) -> dict[str, dict[str, object]]:
     """Match every .deb to its lock entry by filename and sha256; return filename -> entry."""
     try:
@@ -433,6 +462,7 @@ def build_rootfs(
     for _, pkg, members in sorted(loaded, key=lambda item: item[0]):
         builder.add_package(pkg, members)
     _configure(builder)
+    _compile_stdlib(builder)
     builder.check_and_complete()
     builder.write_metadata(links, dirs)
     return len(loaded)

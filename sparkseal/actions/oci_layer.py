@@ -23,7 +23,9 @@ A layer of wheels (``--wheel``, with ``--platform``, ``--installer`` and ``--mod
 (``sparkseal.core.install``) into a scratch directory of the action, writes them as a tree at ``/`` and
 writes the module manifest of their files to ``--modules``; the scratch directory is removed when the
 layer is written, so the build keeps the compressed layer and not the installed files (several GB for
-torch and the CUDA wheels). The layer's bytes are those of the same wheels installed by ``wheel_install``
+torch and the CUDA wheels). With ``--bytecode`` the installed sources are byte-compiled first
+(``sparkseal.core.bytecode``: reproducible unchecked-hash pycs, listed in each RECORD and so in the module
+manifest). The layer's bytes are those of the same wheels installed by ``wheel_install``
 and written as a tree.
 """
 
@@ -318,8 +320,11 @@ def _dir_attributes(entry: Entry) -> str:
     return f"mode {entry.mode or DIR_MODE:04o} owner {entry.uid}:{entry.gid}"
 
 
-def write_tar(entries: Iterable[Entry], stream: Writable) -> None:
-    """Write ``entries`` (from ``LayerPlan.entries``, modes decided) as a complete tar to ``stream``."""
+def write_tar(entries: Iterable[Entry], stream: Writable, digests: dict[Path, str] | None = None) -> None:
+    """Write ``entries`` (from ``LayerPlan.entries``, modes decided) as a complete tar to ``stream``.
+
+    ``digests``, when given, receives the sha256 of every file written, by source path.
+    """
     writer = TarWriter(stream)
     for entry in entries:
         assert entry.mode is not None
@@ -329,12 +334,21 @@ def write_tar(entries: Iterable[Entry], stream: Writable) -> None:
             writer.symlink(entry.path, entry.target)
         else:
             assert entry.source is not None
-            writer.file(entry.path, entry.mode, entry.source)
+            digest = writer.file(entry.path, entry.mode, entry.source, sha256=digests is not None)
+            if digests is not None and digest is not None:
+                digests[entry.source] = digest
     writer.close()
 
 
-def write_layer(entries: Iterable[Entry], tar_path: Path | None, blob_path: Path) -> dict[str, object]:
+def write_layer(
+    entries: Iterable[Entry],
+    tar_path: Path | None,
+    blob_path: Path,
+    digests: dict[Path, str] | None = None,
+) -> dict[str, object]:
     """Write the gzip blob (and the plain tar, when ``tar_path`` is given) in one pass; return the descriptor.
+
+    Each file is read once: ``digests`` (see ``write_tar``) gets the content digests in the same pass.
 
     The gzip stream has mtime 0, no file name and level GZIP_LEVEL, so its bytes depend only on the tar
     and on the zlib of the Python that runs the action (the host python3 of the build toolchain); it is
@@ -345,7 +359,7 @@ def write_layer(entries: Iterable[Entry], tar_path: Path | None, blob_path: Path
         gz = stack.enter_context(ParallelGzipWriter(blob, GZIP_LEVEL, workers=len(os.sched_getaffinity(0))))
         plain = [stack.enter_context(tar_path.open("wb"))] if tar_path is not None else []
         tar = Digesting(*plain, gz)
-        write_tar(entries, tar)
+        write_tar(entries, tar, digests)
     return {
         "diff_id": tar.digest,
         "digest": blob.digest,
@@ -410,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     wheels.add_argument("--no-pyvenv-cfg", action="store_true", help="leave pyvenv.cfg to another layer")
     wheels.add_argument("--replaces", type=Path, help="JSON policy: which project may replace whose files")
     wheels.add_argument("--modules", type=Path, help="write the module manifest of the wheels' files here")
+    wheels.add_argument("--bytecode", action="store_true", help="byte-compile the installed sources")
     parser.add_argument("--tar", type=Path, help="also write the uncompressed layer tar here")
     parser.add_argument("--blob", type=Path, required=True, help="gzip blob to write")
     parser.add_argument("--descriptor", type=Path, required=True, help="JSON descriptor to write")
@@ -420,10 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--wheel needs {', '.join(missing)}")
     if not args.wheel and len(missing) < len(needed):
         parser.error(f"{', '.join(f for f in needed if f not in missing)} given without --wheel")
+    if args.bytecode and not args.wheel:
+        parser.error("--bytecode given without --wheel: only installed wheels are byte-compiled")
     try:
         with contextlib.ExitStack() as stack:
             trees = [(Path(d), dest) for d, dest in args.tree]
             modules = None
+            scratch: Path | None = None
             if args.wheel:
                 # Beside the outputs, so on the output tree's filesystem rather than a small /tmp.
                 scratch = Path(
@@ -438,8 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                     args.venv,
                     not args.no_pyvenv_cfg,
                     replaces,
+                    bytecode=args.bytecode,
                 )
-                modules = tree_manifest(scratch, args.venv)
                 trees.append((scratch, "/"))
             entries = plan_layer(
                 trees=trees,
@@ -450,8 +468,21 @@ def main(argv: list[str] | None = None) -> int:
                 directories=args.dir,
                 modes=[tuple(m) for m in args.mode],
             )
-            descriptor = write_layer(entries, args.tar, args.blob)
+            digests: dict[Path, str] | None = {} if scratch is not None else None
+            descriptor = write_layer(entries, args.tar, args.blob, digests)
+            if scratch is not None and digests is not None:
+                # The module manifest from the digests the tar pass computed: the files are read once.
+                venv = scratch / args.venv.strip("/")
+                hashes = {
+                    source.relative_to(venv).as_posix(): digest
+                    for source, digest in digests.items()
+                    if source.is_relative_to(venv)
+                }
+                modules = tree_manifest(scratch, args.venv, hashes)
     except (LayerError, TarError, InstallError, WheelError, ManifestError, OSError) as exc:
+        for written in (args.blob, args.tar):
+            if written is not None:
+                written.unlink(missing_ok=True)
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
     if modules is not None:

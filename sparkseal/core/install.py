@@ -5,7 +5,9 @@ The target directory receives ``opt/venv/lib/python3.11/site-packages/...``, ``o
 ``/opt/venv``, ready for a tar layer, except the interpreter links (``PYTHON_LINKS``), which the layer adds.
 
 Nothing of the target is executed: the wheels are unpacked, console scripts are generated with the
-shebang ``#!/opt/venv/bin/python3``, no bytecode is compiled. Every wheel's tags are checked against the
+shebang ``#!/opt/venv/bin/python3``. Bytecode is compiled only when asked (``bytecode=True``), after
+every wheel is in place, by ``sparkseal.core.bytecode``: reproducible unchecked-hash pycs that each
+distribution's RECORD lists. Every wheel's tags are checked against the
 target platform first (CPython 3.11, manylinux glibc <= 2.36), two wheels writing the same file is an
 error naming both, and every file and directory gets a fixed mode and mtime. ``INSTALLER`` says
 ``sparkseal``; no ``direct_url.json`` or ``REQUESTED`` is written; RECORD lists the files sorted.
@@ -27,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from sparkseal.core.bytecode import BytecodeError, add_to_record, compile_tree
+from sparkseal.core.manifest import DEFAULT_PREFIX, ManifestError, read_dist_infos
 from sparkseal.core.tree import normalize_tree
 from sparkseal.core.wheels import (
     PYTHON_VERSION,
@@ -36,7 +40,6 @@ from sparkseal.core.wheels import (
     parse_wheel_filename,
 )
 
-DEFAULT_PREFIX = "/opt/venv"
 # The interpreter links of the venv, relative to the prefix. They are not in the tree: an absolute link
 # would point into the build host (Bazel follows it and hashes the host's file), so the layer writer adds
 # them. Console scripts name `<prefix>/bin/python3`.
@@ -183,6 +186,31 @@ def drop_from_record(out: Path, prefix: str, project: str, paths: Sequence[str])
     records[0].write_text(text.getvalue(), encoding="utf-8")
 
 
+def compile_bytecode(out: Path, prefix: str, workers: int) -> int:
+    """Byte-compile the sources every installed RECORD lists and add the pycs to it; return their count.
+
+    ``installer`` installs no ``__pycache__`` a wheel ships, so every pyc here is one of ours.
+    """
+    image_site = python_dirs(prefix)["purelib"]
+    site = out / image_site.lstrip("/")
+    try:
+        dists = read_dist_infos(site)
+        owner: dict[str, str] = {}
+        for dist in dists:
+            for key in dist.record:
+                if key.endswith(".py") and not key.startswith("../") and (site / key).is_file():
+                    owner[key] = dist.directory
+        written = compile_tree(site, image_site, sorted(owner), workers)
+    except (ManifestError, BytecodeError) as error:
+        raise InstallError(f"bytecode: {error}") from error
+    by_dist: dict[str, list[str]] = {}
+    for source, pyc in written:
+        by_dist.setdefault(owner[source], []).append(pyc)
+    for directory, pycs in sorted(by_dist.items()):
+        add_to_record(site / directory / "RECORD", site, pycs)
+    return len(written)
+
+
 def install_wheels(
     wheels: Sequence[Path],
     out: Path,
@@ -191,12 +219,14 @@ def install_wheels(
     prefix: str = DEFAULT_PREFIX,
     write_pyvenv_cfg: bool = True,
     replaces: Mapping[str, str] | None = None,
+    bytecode: bool = False,
 ) -> list[str]:
     """Install ``wheels`` for ``platform`` into ``out`` (as ``<out>/<prefix>/...``); return their names.
 
     ``out`` must be empty or absent. ``replaces`` maps a project to the one project whose files it may
     overwrite (as pip would, silently, in whatever order it installs); the replaced project's RECORD then
-    no longer names those files, so every file has exactly one owner.
+    no longer names those files, so every file has exactly one owner. ``bytecode`` adds the pycs of the
+    installed sources (``compile_bytecode``), compiled on every CPU the process may use.
     """
     if not prefix.startswith("/") or prefix != os.path.normpath(prefix):
         raise InstallError(f"--prefix {prefix!r}: expected a normalised absolute path such as /opt/venv")
@@ -219,6 +249,8 @@ def install_wheels(
         _install_one(installer, destination, wheel, prefix)
     for project, paths in sorted(destination.shadowed.items()):
         drop_from_record(out, prefix, project, paths)
+    if bytecode:
+        compile_bytecode(out, prefix, len(os.sched_getaffinity(0)))
     if write_pyvenv_cfg:
         (venv / "pyvenv.cfg").write_text(pyvenv_cfg(), encoding="utf-8")
     normalize_tree(out)

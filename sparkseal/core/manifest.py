@@ -203,8 +203,14 @@ def _manifest(
     }
 
 
-def tree_manifest(tree: Path, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
-    """The manifest of the virtual environment at ``tree/prefix`` (``tree`` holds the image's files)."""
+def tree_manifest(
+    tree: Path, prefix: str = DEFAULT_PREFIX, hashes: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The manifest of the virtual environment at ``tree/prefix`` (``tree`` holds the image's files).
+
+    ``hashes`` are the sha256 of the venv's files (keys relative to it) when the caller has read them
+    already, as the layer writer has; they must name exactly the files there.
+    """
     venv = tree / prefix.strip("/")
     if not venv.is_dir():
         raise ManifestError(
@@ -214,7 +220,16 @@ def tree_manifest(tree: Path, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
     site_rel = site.relative_to(venv).as_posix()
     dist_infos = read_dist_infos(site)
     owners = owner_map(dist_infos, str(site))
-    hashes = {rel: sha256_file(venv / rel) for rel in list_files(venv)}
+    files = list_files(venv)
+    if hashes is None:
+        hashes = {rel: sha256_file(venv / rel) for rel in files}
+    elif sorted(hashes) != files:
+        unhashed = sorted(set(files) - set(hashes))[:3]
+        absent = sorted(set(hashes) - set(files))[:3]
+        raise ManifestError(
+            f"{venv}: the given digests do not name the files there: "
+            f"files without a digest {unhashed}, digests without a file {absent}"
+        )
     for key, info in owners.items():
         rel = posixpath.normpath(f"{site_rel}/{key}")
         if rel.startswith("../") or rel not in hashes:

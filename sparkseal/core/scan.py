@@ -17,9 +17,10 @@ The allow-list (``.sparkseal-scan-allow.json`` at the repository root, or ``--al
 ``{"allow": [{"path": GLOB, "rule": RULE, "reason": TEXT}, ...]}``; ``GLOB`` is matched with
 ``fnmatch`` against the repository path or the path inside the image, ``RULE`` must be a rule id (ours or
 the catalogue's, e.g. ``betterleaks.jwt``, or a glob that matches at least one, e.g. ``betterleaks.*``),
-and an entry without a reason is a usage error. It lives at the repository root, beside ``.gitignore``,
-rather than inside the ``sparkseal`` package: it is policy about this repository's files, and the package
-ships in the image where the list would mean nothing.
+and an entry without a reason is a usage error. An entry that names a module's source also covers its
+bytecode (``pkg/__pycache__/mod.cpython-311.pyc`` for ``pkg/mod.py``). It lives at the repository root,
+beside ``.gitignore``, rather than inside the ``sparkseal`` package: it is policy about this repository's
+files, and the package ships in the image where the list would mean nothing.
 """
 
 from __future__ import annotations
@@ -412,6 +413,21 @@ def scan_with_catalogue(
     return [Finding(f.path, f.line, f.rule, f.match, layer) for f in found]
 
 
+# A module's bytecode (``pkg/__pycache__/mod.cpython-311.pyc``) holds its source's strings: docstrings and
+# literals. An allow-list entry for the source covers its bytecode too, so images with pycs need no second
+# entry per allowed module.
+_BYTECODE = re.compile(r"(?:(?P<dir>.*)/)?__pycache__/(?P<module>[^/]+?)\.[a-z]+-\d+(?:\.opt-\d+)?\.pyc")
+
+
+def allow_paths(path: str) -> tuple[str, ...]:
+    """The paths an allow-list entry may name to cover ``path``: itself, and the source of bytecode."""
+    found = _BYTECODE.fullmatch(path)
+    if found is None:
+        return (path,)
+    source = f"{found['module']}.py"
+    return (path, f"{found['dir']}/{source}" if found["dir"] else source)
+
+
 def _apply_allowlist(report: Report, findings: list[Finding], allow: list[AllowEntry]) -> None:
     used = set()
     for finding in findings:
@@ -419,7 +435,8 @@ def _apply_allowlist(report: Report, findings: list[Finding], allow: list[AllowE
             (
                 e
                 for e in allow
-                if fnmatch.fnmatchcase(finding.rule, e.rule) and fnmatch.fnmatchcase(finding.path, e.path)
+                if fnmatch.fnmatchcase(finding.rule, e.rule)
+                and any(fnmatch.fnmatchcase(path, e.path) for path in allow_paths(finding.path))
             ),
             None,
         )

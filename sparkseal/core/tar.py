@@ -124,8 +124,13 @@ class TarWriter:
         """Write a symlink member."""
         self._stream.write(_header(_encode(path), b"2", SYMLINK_MODE, 0, _encode(target)))
 
-    def file(self, path: str, mode: int, source: Path) -> None:
-        """Write a regular file member with ``source``'s content (symlinks to it are followed)."""
+    def file(self, path: str, mode: int, source: Path, *, sha256: bool = False) -> str | None:
+        """Write a regular file member with ``source``'s content (symlinks to it are followed).
+
+        With ``sha256``, return the content's hex digest, computed from the bytes written: a caller that
+        needs both the tar and the files' digests (a layer and its module manifest) reads each file once.
+        """
+        content = hashlib.sha256() if sha256 else None
         with source.open("rb") as stream:
             size = os.fstat(stream.fileno()).st_size
             self._stream.write(_header(_encode(path), b"0", mode, size))
@@ -133,9 +138,12 @@ class TarWriter:
             while chunk := stream.read(CHUNK):
                 copied += len(chunk)
                 self._stream.write(chunk)
+                if content is not None:
+                    content.update(chunk)
         if copied != size:
             raise TarError(f"{source}: read {copied} bytes, expected {size} (the file changed while read)")
         self._stream.write(b"\0" * (-size % BLOCK))
+        return content.hexdigest() if content is not None else None
 
     def data(self, path: str, content: bytes, mode: int = FILE_MODE) -> None:
         """Write a regular file member from bytes in memory."""
