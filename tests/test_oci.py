@@ -34,6 +34,7 @@ from tests.bazel_util import (
     process_summary,
 )
 from tests.nginx_cache import NGINX, NginxCache
+from tests.registry_server import REGISTRY, Registry
 
 SCRIPT = b"#!/bin/sh\necho tool\n"
 TAG = "sparkseal/fixture:test"
@@ -636,8 +637,10 @@ def test_load_program_leaves_nothing_half_written(tmp_path: Path, capsys: pytest
 
 @pytest.mark.bazel
 @pytest.mark.skipif(not Path(NGINX).exists(), reason=f"{NGINX} is missing (.ci/setup installs nginx)")
+@pytest.mark.skipif(not Path(REGISTRY).exists(), reason=f"{REGISTRY} is missing (.ci/setup installs it)")
 def test_a_cache_hit_image_downloads_no_layer_until_it_is_loaded(tmp_path: Path) -> None:
-    """Builds without the bytes: the image target is kilobytes; the layers come down only for .load."""
+    """Builds without the bytes: the image target is kilobytes; .push streams the layers from the cache;
+    they come down only for .load."""
     first, second = _bazel_workspace(tmp_path / "a" / "ws"), _bazel_workspace(tmp_path / "b" / "ws")
     with NginxCache() as cache:
         flags = ["--config=remote-cache", f"--remote_cache={cache.url}"]
@@ -658,6 +661,17 @@ def test_a_cache_hit_image_downloads_no_layer_until_it_is_loaded(tmp_path: Path)
             assert not [g for g in gets if g.removeprefix("/cas/") in layers.values()], gets
             out_b = second.bin_path("image")
             assert (out_b / "image.digest").read_text() == (out / "image.digest").read_text()
+            assert not [name for name in LAYER_BLOBS if (out_b / name).exists()]
+
+            # .push streams the layers the second clone never downloaded from the cache to the registry.
+            with Registry(tmp_path / "registry") as registry:
+                reference = f"{registry.host}/sparkseal/fixture:from-cache"
+                pushed = second.bazel("run", *flags, "--remote_download_toplevel", "//image:image.push", "--",
+                                      "--blob-cache", cache.url, reference)  # fmt: skip
+                assert pushed.returncode == 0, pushed.output
+                assert pushed.output.count("bytes, from the remote cache)") == len(LAYER_BLOBS), pushed.output
+                digest = (out / "image.digest").read_text()
+                assert f"pushed {reference}@{digest}: {len(LAYER_BLOBS) + 1} blobs uploaded" in pushed.output
             assert not [name for name in LAYER_BLOBS if (out_b / name).exists()]
 
             # .load reads the layers: Bazel 4.2.3 does not download a run target's runfiles under

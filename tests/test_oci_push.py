@@ -21,6 +21,7 @@ from sparkseal.actions import oci_image_index as index_action
 from sparkseal.actions import oci_push as push
 from sparkseal.core.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, blob_path
 from tests.bazel_util import BAZEL, REPO, Workspace
+from tests.nginx_cache import NginxCache
 from tests.registry_server import REGISTRY, Registry
 from tests.test_oci import IMAGE_BUILD, TAG, Image, _bazel_workspace, assemble, blob
 
@@ -124,6 +125,74 @@ def test_a_read_only_registry_refuses_the_first_upload(
     assert code == 1
     assert f"registry http://{host}: upload of blob sha256:" in err
     assert "(POST): HTTP 405: Method not allowed" in err  # the registry's own words
+
+
+def _cache_blob(cache: NginxCache, layer_blob: Path, data: bytes | None = None) -> None:
+    """Store a layer blob in the cache's CAS as Bazel uploads an output file: under its sha256."""
+    content = layer_blob.read_bytes()
+    cas = cache.root / "cas"
+    cas.mkdir(mode=0o755, exist_ok=True)
+    (cas / hashlib.sha256(content).hexdigest()).write_bytes(content if data is None else data)
+
+
+def test_blobs_no_layout_holds_stream_from_the_remote_cache(
+    tmp_path: Path, registry: Registry, image: Image, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As after a build with --remote_download_minimal: the layer files are in the cache, not on disk.
+    with NginxCache() as cache:
+        for layer in image.layers:
+            _cache_blob(cache, layer.blob)
+            layer.blob.unlink()
+        reference = f"{registry.host}/sparkseal/fixture:cached"
+        code, _, err = _push(capsys, reference, "--layout", str(image.layout))
+        assert code == 1 and f"blob {image.layers[0].digest}: in none of the image layouts" in err
+
+        code, report, err = _push(capsys, reference, "--layout", str(image.layout), "--blob-cache", cache.url)
+        assert code == 0, err
+        hexes = [layer.digest.removeprefix("sha256:") for layer in image.layers]
+        assert [line for line in cache.access_log() if line.startswith("GET")] == [
+            f"GET /cas/{h} HTTP/1.1" for h in hexes
+        ]
+    # The config came from the layout in the first attempt, before it stopped at the first layer.
+    assert report["uploaded"] == [layer.digest for layer in image.layers]
+    assert len(report["skipped"]) == 1  # type: ignore[arg-type]
+    inspected = json.loads(_skopeo("inspect", "--tls-verify=false", f"docker://{reference}"))
+    assert inspected["Digest"] == image.digest
+    assert inspected["Layers"] == [layer.digest for layer in image.layers]
+
+
+def test_a_cache_without_the_blob_or_with_other_bytes_is_named(
+    tmp_path: Path, registry: Registry, image: Image, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = image.layers
+    with NginxCache() as cache:
+        first_bytes = first.blob.read_bytes()
+        _cache_blob(cache, first.blob, first_bytes + b"x")  # one byte too many
+        for layer in image.layers:
+            layer.blob.unlink()
+        url = cache.url.replace("://", "://puller:pw-s3cr3t@")
+        reference = f"{registry.host}/sparkseal/fixture:x"
+        code, _, err = _push(capsys, reference, "--layout", str(image.layout), "--blob-cache", url)
+        shown = cache.url.replace("://", "://***@")
+        assert code == 1
+        too_long = len(first_bytes) + 1
+        assert (
+            f"blob {first.digest}: the remote cache {shown} has {too_long} bytes of it, expected {first.size}"
+            in err
+        )
+        assert "s3cr3t" not in err and "puller" not in err
+
+        (cache.root / "cas" / first.digest.removeprefix("sha256:")).write_bytes(first_bytes)
+        code, _, err = _push(capsys, reference, "--layout", str(image.layout), "--blob-cache", cache.url)
+        assert code == 1
+        assert f"blob {second.digest}: not in the remote cache {cache.url} (HTTP 404)" in err
+        assert "PUT /v2/sparkseal/fixture/manifests/x" not in " ".join(registry.requests())
+
+    code, _, err = _push(
+        capsys, reference, "--layout", str(image.layout), "--blob-cache", "ftp://cache.example/c"
+    )
+    assert code == 1
+    assert "--blob-cache ftp://cache.example/c: expected the http:// or https:// URL of a remote cache" in err
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ _PUSH_SCRIPT = """#!/usr/bin/env bash
 set -euo pipefail
 runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
 if [ "$#" -eq 0 ]; then
-    echo "usage: bazel run {label} -- REGISTRY/REPOSITORY[:TAG] [--plain-http] [--json]" >&2
+    echo "usage: bazel run {label} -- REGISTRY/REPOSITORY[:TAG] [--plain-http] [--json] [--blob-cache URL]" >&2
     exit 2
 fi
 exec "$runfiles/{tool}" {args} "$@"

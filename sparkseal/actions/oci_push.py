@@ -8,12 +8,16 @@ content is incomplete. The registry checks each blob against its digest; the dig
 for each manifest is checked against ours.
 
 Blobs are read from the image layout directories that ``oci_image`` writes; an index (``oci_image_index``)
-is a small document whose manifests live in those layouts.
+is a small document whose manifests live in those layouts. A blob that no layout holds on this disk (a
+build with ``--remote_download_minimal`` leaves the layer files in the remote cache) is streamed from
+Bazel's HTTP remote cache given with ``--blob-cache``: Bazel stores every output file there under
+``/cas/<sha256 of the file>``, and a blob's OCI digest is that same sha256. Its size is checked before the
+upload and its digest while it streams through.
 
 Plain HTTP is used for loopback registries only (``localhost``, ``127.0.0.0/8``, ``::1``), or for any host
 given with ``--plain-http``; everything else is HTTPS. Credentials come from a netrc entry for the registry
 host (``NETRC`` or ``~/.netrc``), sent as basic authentication or exchanged for a bearer token where the
-registry asks for one; they never appear in output.
+registry asks for one; the cache's from its URL or from netrc. They never appear in output.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkseal.core.credentials import Credentials, CredentialsError, from_netrc
+from sparkseal.core.credentials import REDACTED, Credentials, CredentialsError, from_netrc
 from sparkseal.core.oci import (
     DIGEST_RE,
     INDEX_MEDIA_TYPE,
@@ -96,26 +100,94 @@ def is_loopback(registry: str) -> bool:
         return False
 
 
+class BlobCache:
+    """Bazel's HTTP remote cache, read for the blobs that no layout holds on this disk."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        netloc = parts.hostname or ""
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+        # The URL as messages show it: no user name or password.
+        self.shown = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        if parts.username is not None:
+            self.shown = self.shown.replace("://", f"://{REDACTED}@", 1)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise PushError(
+                f"--blob-cache {self.shown}: expected the http:// or https:// URL of a remote cache, as "
+                f"given to Bazel's --remote_cache"
+            )
+        self.scheme, self.netloc, self.path = parts.scheme, netloc, parts.path.rstrip("/")
+        if parts.username is not None:
+            login = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            self.credentials: Credentials | None = Credentials(login, password, "the --blob-cache URL")
+        else:
+            self.credentials = _credentials(parts.hostname)
+
+    def open(self, digest: str, size: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Start reading blob ``digest`` of ``size`` bytes; the caller reads the response and closes both."""
+        kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        connection = kind(self.netloc, timeout=TIMEOUT_S, blocksize=CHUNK)
+        headers = {"Authorization": self.credentials.header()} if self.credentials else {}
+        where = f"the remote cache {self.shown}"
+        try:
+            connection.request("GET", f"{self.path}/cas/{digest.removeprefix('sha256:')}", headers=headers)
+            response = connection.getresponse()
+        except OSError as exc:
+            connection.close()
+            raise PushError(f"blob {digest}: {where}: {exc}") from exc
+        if response.status != 200:
+            connection.close()
+            raise PushError(f"blob {digest}: not in {where} (HTTP {response.status})")
+        length = response.getheader("Content-Length")
+        if length != str(size):
+            connection.close()
+            raise PushError(f"blob {digest}: {where} has {length} bytes of it, expected {size}")
+        return connection, response
+
+
+class _Verified:
+    """A body for ``http.client`` that hashes what it hands on, so a streamed blob is checked too."""
+
+    def __init__(self, stream: http.client.HTTPResponse) -> None:
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.sha256.update(data)
+        return data
+
+
 @dataclass
 class Source:
-    """What to push: the top document and the layouts that hold every blob it needs."""
+    """What to push: the top document, the layouts that hold its blobs, and a cache for the rest."""
 
     document: bytes
     media_type: str
     default_tag: str
     layouts: list[Path]
+    cache: BlobCache | None = None
 
-    def blob(self, digest: str) -> Path:
-        """The file of ``digest`` in one of the layouts."""
+    def find(self, digest: str) -> Path | None:
+        """The file of ``digest`` in one of the layouts, if one holds it on this disk."""
         for layout in self.layouts:
             path = blob_path(layout, digest)
             if path.is_file():
                 return path
-        places = ", ".join(str(layout) for layout in self.layouts)
-        raise PushError(f"blob {digest}: in none of the image layouts {places}")
+        return None
+
+    def blob(self, digest: str) -> Path:
+        """The file of ``digest`` in one of the layouts."""
+        path = self.find(digest)
+        if path is None:
+            places = ", ".join(str(layout) for layout in self.layouts)
+            raise PushError(f"blob {digest}: in none of the image layouts {places}")
+        return path
 
 
-def read_source(layouts: list[Path], index: Path | None) -> Source:
+def read_source(layouts: list[Path], index: Path | None, cache: BlobCache | None = None) -> Source:
     """The image of the one layout, or the index document ``index`` over the layouts' images."""
     if not layouts:
         raise PushError("nothing to push: no image layout given (--layout)")
@@ -124,7 +196,7 @@ def read_source(layouts: list[Path], index: Path | None) -> Source:
             data = index.read_bytes()
         except OSError as exc:
             raise PushError(f"image index {index}: not readable: {exc}") from exc
-        return Source(data, INDEX_MEDIA_TYPE, "", layouts)
+        return Source(data, INDEX_MEDIA_TYPE, "", layouts, cache)
     if len(layouts) != 1:
         raise PushError(f"{len(layouts)} layouts given without --index: expected one image layout")
     try:
@@ -137,7 +209,7 @@ def read_source(layouts: list[Path], index: Path | None) -> Source:
     except OSError as exc:
         raise PushError(f"{path}: the manifest that index.json names is not readable: {exc}") from exc
     tag = (entry.get("annotations") or {}).get(REF_NAME, "")
-    return Source(data, str(entry.get("mediaType") or MANIFEST_MEDIA_TYPE), tag, layouts)
+    return Source(data, str(entry.get("mediaType") or MANIFEST_MEDIA_TYPE), tag, layouts, cache)
 
 
 def _digest(data: bytes) -> str:
@@ -201,8 +273,11 @@ class Registry:
     ) -> tuple[int, dict[str, str], bytes]:
         """One request; on a bearer challenge, fetch a token with the netrc credentials and retry once."""
         for attempt in range(2):
-            if hasattr(body, "seek"):
+            if hasattr(body, "seekable") and body.seekable():
                 body.seek(0)
+            elif hasattr(body, "read") and attempt:
+                # A stream from the remote cache cannot be sent twice.
+                raise PushError(f"registry {self.base}: {method} {path}: a second challenge mid-stream")
             sent = dict(headers or {})
             if self._authorization:
                 sent["Authorization"] = self._authorization
@@ -279,7 +354,8 @@ class Registry:
             return False
         raise self.fail(f"HEAD blob {digest} of {self.reference.repository}", status, body)
 
-    def upload_blob(self, digest: str, path: Path) -> None:
+    def upload_blob(self, digest: str, stream: Any, size: int) -> None:
+        """Upload ``size`` bytes read from ``stream`` (a file or a verifying HTTP body) as ``digest``."""
         what = f"upload of blob {digest} to {self.reference.repository}"
         status, headers, body = self.request("POST", self._path("blobs", "uploads/"))
         if status != 202 or "location" not in headers:
@@ -287,14 +363,12 @@ class Registry:
         location = urllib.parse.urlsplit(urllib.parse.urljoin(self.base + "/", headers["location"]))
         query = [*urllib.parse.parse_qsl(location.query), ("digest", digest)]
         target = location.path + "?" + urllib.parse.urlencode(query)
-        size = path.stat().st_size
-        with path.open("rb") as stream:
-            status, _, body = self.request(
-                "PUT",
-                target,
-                body=stream,
-                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-            )
+        status, _, body = self.request(
+            "PUT",
+            target,
+            body=stream,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+        )
         if status != 201:
             raise self.fail(what + " (PUT)", status, body)
 
@@ -322,10 +396,27 @@ def _push_blob(registry: Registry, source: Source, descriptor: dict[str, Any], r
         report.skipped.append((digest, size))
         print(f"exists   {digest} ({size} bytes)", flush=True)
         return
-    path = source.blob(digest)
+    path = source.find(digest)
+    if path is None and source.cache is not None:
+        connection, response = source.cache.open(digest, size)
+        body = _Verified(response)
+        try:
+            registry.upload_blob(digest, body, size)
+        finally:
+            connection.close()
+        if "sha256:" + body.sha256.hexdigest() != digest:
+            raise PushError(
+                f"blob {digest}: the remote cache {source.cache.shown} sent bytes with digest "
+                f"sha256:{body.sha256.hexdigest()}, and the registry took them"
+            )
+        report.uploaded.append((digest, size))
+        print(f"uploaded {digest} ({size} bytes, from the remote cache)", flush=True)
+        return
+    path = path or source.blob(digest)
     if path.stat().st_size != size:
         raise PushError(f"blob {digest}: {path} has {path.stat().st_size} bytes, expected {size}")
-    registry.upload_blob(digest, path)
+    with path.open("rb") as stream:
+        registry.upload_blob(digest, stream, size)
     report.uploaded.append((digest, size))
     print(f"uploaded {digest} ({size} bytes)", flush=True)
 
@@ -370,10 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=Path, help="an image index document over the layouts' images")
     parser.add_argument("--plain-http", action="store_true", help="HTTP for a registry that is not loopback")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on the last line")
+    parser.add_argument(
+        "--blob-cache",
+        metavar="URL",
+        help="Bazel's HTTP remote cache (the --remote_cache URL): read the blobs no layout holds from it",
+    )
     args = parser.parse_args(argv)
     try:
         reference = parse_reference(args.reference)
-        source = read_source(args.layout, args.index)
+        cache = BlobCache(args.blob_cache) if args.blob_cache else None
+        source = read_source(args.layout, args.index, cache)
         top, report = push(source, reference, args.plain_http)
     except PushError as exc:
         print(f"sparkseal: push: {exc}", file=sys.stderr)
