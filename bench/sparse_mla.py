@@ -8,6 +8,12 @@ rows of consecutive calls do not sit in L2), and timed by graph replay with CUDA
 5 replays). The baseline is PyTorch gathering the selected bf16 rows and running einsum + softmax,
 timed the same way. The roofline uses a device copy bandwidth and a bf16 matrix-product rate
 measured in the same run. A markdown table goes to bench/results/sparse_mla.md.
+
+Each shape runs twice: with the device's shared-memory limit, and as the "GB10 proxy" with the
+kernel's shared memory capped at 101376 bytes per CTA (the SM120/SM121 limit), which selects the
+configurations a GB10 runs. The proxy rows carry the speed goals (GOALS); ``--json`` keeps the
+rows, and ``--before`` reads such a file from an earlier library on the same machine to fill the
+goals table's "before" column.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import shlex
 import sys
 from collections.abc import Callable
@@ -25,11 +32,40 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sparkseal.runtime import sparse_mla
-from sparkseal.runtime.sparse_mla_ref import LAYOUTS, PAGE_SIZE, V_DIM, Layout, random_cache
+from sparkseal.runtime.sparse_mla_ref import (
+    LAYOUTS,
+    PAGE_SIZE,
+    V_DIM,
+    Layout,
+    random_cache,
+    sparse_mla_decode_ref,
+)
 
 CALLS_PER_GRAPH = 20
 REPLAYS = 5
 CACHE_SLOTS = 8192 * PAGE_SIZE  # 524288 rows: 306 MB (V4), 344 MB (V3.2 fp8), 604 MB (bf16)
+GB10_SMEM = 101376  # SM120/SM121 shared memory per block: the "GB10 proxy" rows' cap
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """A speed goal for one GB10-proxy shape: ``metric`` is "TFLOP/s", "% of copy" or "µs"."""
+
+    layout: str
+    batch: int
+    heads: int
+    topk: int
+    metric: str
+    target: float
+
+
+GOALS = (
+    Goal("v4_fp8", 64, 128, 2048, "TFLOP/s", 250.0),
+    Goal("v4_fp8", 256, 128, 2048, "TFLOP/s", 250.0),
+    Goal("v4_fp8", 64, 64, 512, "TFLOP/s", 200.0),
+    Goal("v4_fp8", 256, 16, 2048, "% of copy", 65.0),
+    Goal("v4_fp8", 1, 128, 2048, "µs", 15.0),
+)
 
 
 @dataclasses.dataclass
@@ -45,6 +81,7 @@ class Row:
     bound: str
     base_us: float | None
     plan: str
+    max_smem: int = 0
 
 
 def _time_graph(fn: Callable[[int], object], rotations: int) -> float:
@@ -171,10 +208,139 @@ def bench_shape(
         bound,
         base_us,
         plan,
+        max_smem,
     )
 
 
-def _markdown(rows: list[Row], ceilings: tuple[float, float], command: str, max_smem: int) -> str:
+@dataclasses.dataclass
+class Accuracy:
+    layout: str
+    batch: int
+    heads: int
+    topk: int
+    max_smem: int
+    plan: str
+    rel: float  # ||out - ref|| / ||ref|| over all rows
+    worst_row: float  # the largest per-row relative error
+    lse_err: float  # the largest absolute lse error
+
+
+ACCURACY_SHAPES = ((1, 128, 2048), (8, 64, 2048))  # (batch, heads, topk): with and without splits
+
+
+def measure_accuracy(layout: Layout, max_smem: int, gen: torch.Generator) -> list[Accuracy]:
+    """The kernel against the float32 reference (sparse_mla_ref) on random latents, 20% -1 indices."""
+    results = []
+    cache = random_cache(layout, 64, generator=gen, device="cuda")
+    slots = 64 * PAGE_SIZE
+    for batch, heads, topk in ACCURACY_SHAPES:
+        q = torch.randn(batch, heads, layout.q_dim, device="cuda", generator=gen).to(torch.bfloat16)
+        idx = torch.randint(0, slots, (batch, topk), device="cuda", generator=gen, dtype=torch.int32)
+        drop = torch.rand(batch, topk, device="cuda", generator=gen) < 0.2
+        idx = torch.where(drop, torch.full_like(idx, -1), idx)
+        scale = layout.q_dim**-0.5
+        out, lse = sparse_mla.sparse_mla_decode(
+            q, cache, idx, softmax_scale=scale, layout=layout.name, max_smem_bytes=max_smem
+        )
+        ref_out, ref_lse = sparse_mla_decode_ref(q, cache, idx, scale, layout)
+        diff = out.float() - ref_out
+        p = sparse_mla.plan(q, cache, idx, layout.name, max_smem_bytes=max_smem)
+        results.append(
+            Accuracy(
+                layout.name,
+                batch,
+                heads,
+                topk,
+                max_smem,
+                f"{p.heads_per_cta}h x {p.keys_per_tile}k, {p.num_splits} split",
+                (diff.norm() / ref_out.norm()).item(),
+                (diff.norm(dim=-1) / ref_out.norm(dim=-1)).max().item(),
+                (lse - ref_lse).abs().max().item(),
+            )
+        )
+    return results
+
+
+def _accuracy_table(results: list[Accuracy]) -> list[str]:
+    lines = [
+        "| layout | batch | heads | topk | shared memory | plan | out rel. error | worst row "
+        "| lse max error |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for a in results:
+        smem = f"<= {a.max_smem}" if a.max_smem else "device limit"
+        lines.append(
+            f"| {a.layout} | {a.batch} | {a.heads} | {a.topk} | {smem} | {a.plan} | {a.rel:.2e} | "
+            f"{a.worst_row:.2e} | {a.lse_err:.2e} |"
+        )
+    return lines
+
+
+def _table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| layout | batch | heads | topk | µs | TFLOP/s | GB/s | % roofline | bound | baseline µs | speed-up "
+        "| plan |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        base = f"{r.base_us:.1f}" if r.base_us is not None else "-"
+        speedup = f"{r.base_us / r.us:.1f}x" if r.base_us is not None else "-"
+        lines.append(
+            f"| {r.layout} | {r.batch} | {r.heads} | {r.topk} | {r.us:.1f} | {r.tflops:.1f} | {r.gbps:.0f} | "
+            f"{r.roofline_pct:.0f} | {r.bound} | {base} | {speedup} | {r.plan} |"
+        )
+    return lines
+
+
+def _goal_value(goal: Goal, row: Row, bandwidth: float) -> float:
+    if goal.metric == "TFLOP/s":
+        return row.tflops
+    if goal.metric == "% of copy":
+        return 100.0 * row.gbps * 1e9 / bandwidth
+    return row.us
+
+
+def _goal_met(goal: Goal, value: float) -> bool:
+    return value <= goal.target if goal.metric == "µs" else value >= goal.target
+
+
+def _goals_table(proxy: list[Row], before: list[Row], bandwidth: float) -> list[str]:
+    """Goals against the GB10-proxy rows of this run (and of the ``--before`` run, if given)."""
+
+    def find(rows: list[Row], goal: Goal) -> Row | None:
+        key = (goal.layout, goal.batch, goal.heads, goal.topk)
+        return next((r for r in rows if (r.layout, r.batch, r.heads, r.topk) == key), None)
+
+    lines = [
+        "| shape (GB10 proxy) | metric | goal | before | measured | met |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for goal in GOALS:
+        row = find(proxy, goal)
+        old = find(before, goal)
+        shape = f"{goal.layout}, B={goal.batch}, h={goal.heads}, topk {goal.topk}"
+        bound = "<=" if goal.metric == "µs" else ">="
+        old_text = f"{_goal_value(goal, old, bandwidth):.1f}" if old is not None else "-"
+        if row is None:
+            lines.append(f"| {shape} | {goal.metric} | {bound} {goal.target:g} | {old_text} | not run | - |")
+            continue
+        value = _goal_value(goal, row, bandwidth)
+        met = "yes" if _goal_met(goal, value) else "no"
+        lines.append(
+            f"| {shape} | {goal.metric} | {bound} {goal.target:g} | {old_text} | {value:.1f} | {met} |"
+        )
+    return lines
+
+
+def _markdown(
+    rows: list[Row],
+    proxy: list[Row],
+    before: list[Row],
+    accuracy: list[Accuracy],
+    ceilings: tuple[float, float],
+    command: str,
+    max_smem: int,
+) -> str:
     bandwidth, peak = ceilings
     props = torch.cuda.get_device_properties(0)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -196,21 +362,39 @@ def _markdown(rows: list[Row], ceilings: tuple[float, float], command: str, max_
         "index sets (random slots of a 524288-row cache).",
         "- FLOP = 2 x batch x heads x topk x (q width + 512); bytes = the selected cache records + indices + "
         "q + out + lse. Roofline % = max(FLOP / matmul rate, bytes / copy bandwidth) / time.",
-        f"- Kernel configurations: {smem_note}.",
         "- Baseline (every row): PyTorch gather of the selected rows of a bf16 (576-wide) cache + einsum + "
         "float softmax at the same batch, heads and topk, timed the same way.",
-        "",
-        "| layout | batch | heads | topk | µs | TFLOP/s | GB/s | % roofline | bound | baseline µs | speed-up "
-        "| plan |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
-    for r in rows:
-        base = f"{r.base_us:.1f}" if r.base_us is not None else "-"
-        speedup = f"{r.base_us / r.us:.1f}x" if r.base_us is not None else "-"
-        lines.append(
-            f"| {r.layout} | {r.batch} | {r.heads} | {r.topk} | {r.us:.1f} | {r.tflops:.1f} | {r.gbps:.0f} | "
-            f"{r.roofline_pct:.0f} | {r.bound} | {base} | {speedup} | {r.plan} |"
-        )
+    if accuracy:
+        lines += [
+            "",
+            "## Accuracy against the float32 reference",
+            "",
+            "bf16 q, the cache's records as stored (fp8 values with their scales, or bf16), against "
+            "`sparse_mla_decode_ref` in float32 on the same inputs (random latents, 20% of the indices -1).",
+            "",
+            *_accuracy_table(accuracy),
+        ]
+    if rows:
+        lines += ["", f"## Kernel configurations: {smem_note}", "", *_table(rows)]
+    if proxy:
+        lines += [
+            "",
+            f"## GB10 proxy: shared memory capped at {GB10_SMEM} bytes per CTA",
+            "",
+            "The configurations a GB10 (SM121, 99 KiB per block) selects, run on this machine in the same "
+            "run. This machine has more SMs, bandwidth and shared memory per SM (two such CTAs can share "
+            "an SM here, one on a GB10), so the rows rank configurations, not GB10 speeds.",
+            "",
+            *_table(proxy),
+            "",
+            "### Goals (GB10 proxy rows)",
+            "",
+            '"% of copy" = GB/s over the copy bandwidth above; "before" = the `--before` rows '
+            + ("(an earlier library, same machine and call)." if before else "(none given)."),
+            "",
+            *_goals_table(proxy, before, bandwidth),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -229,8 +413,16 @@ def main(argv: list[str] | None = None) -> int:
         "--max-smem",
         type=int,
         default=0,
-        help="cap the kernel's shared memory (101376: the GB10 configurations)",
+        help="cap the kernel's shared memory of the main rows (101376: the GB10 configurations)",
     )
+    parser.add_argument(
+        "--proxy-layouts",
+        default="v4_fp8,v32_fp8",
+        help=f"layouts that also run as GB10-proxy rows (max_smem_bytes={GB10_SMEM}); empty: none",
+    )
+    parser.add_argument("--proxy-only", action="store_true", help="run only the GB10-proxy rows")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--before", type=Path, help="JSON rows of an earlier library (goals' before column)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/sparse_mla.py: no CUDA GPU", file=sys.stderr)
@@ -263,21 +455,49 @@ def main(argv: list[str] | None = None) -> int:
         del bf16_rows
         torch.cuda.empty_cache()
     rows: list[Row] = []
+    proxy: list[Row] = []
+    accuracy: list[Accuracy] = []
+    proxy_layouts = {name for name in args.proxy_layouts.split(",") if name}
     for name in args.layouts.split(","):
         layout = LAYOUTS[name]
+        caps = [] if args.proxy_only else [(args.max_smem, rows)]
+        if name in proxy_layouts:
+            caps.append((GB10_SMEM, proxy))
+        if not caps:
+            continue
+        for cap, _ in caps:
+            for a in measure_accuracy(layout, cap, gen):
+                accuracy.append(a)
+                print(
+                    f"accuracy {name:9s} smem<={cap or 'dev':>6} B={a.batch} h={a.heads} k={a.topk}: out rel "
+                    f"{a.rel:.2e}, worst row {a.worst_row:.2e}, lse {a.lse_err:.2e} [{a.plan}]",
+                    flush=True,
+                )
         cache = random_cache(layout, CACHE_SLOTS // PAGE_SIZE, generator=gen, device="cuda")
-        for shape in shapes:
-            row = bench_shape(layout, cache, *shape, ceilings, gen, baselines.get(shape), args.max_smem)
-            rows.append(row)
-            print(
-                f"{name:9s} B={row.batch:4d} h={row.heads:4d} k={row.topk:5d} {row.us:9.1f} us "
-                f"{row.tflops:6.1f} TFLOP/s {row.gbps:6.0f} GB/s {row.roofline_pct:4.0f}% [{row.plan}]",
-                flush=True,
-            )
+        for cap, out in caps:
+            for shape in shapes:
+                row = bench_shape(layout, cache, *shape, ceilings, gen, baselines.get(shape), cap)
+                out.append(row)
+                print(
+                    f"{name:9s} smem<={cap or 'dev':>6} B={row.batch:4d} h={row.heads:4d} k={row.topk:5d} "
+                    f"{row.us:9.1f} us {row.tflops:6.1f} TFLOP/s {row.gbps:6.0f} GB/s "
+                    f"{row.roofline_pct:4.0f}% [{row.plan}]",
+                    flush=True,
+                )
         del cache
         torch.cuda.empty_cache()
+    before = [Row(**r) for r in json.loads(args.before.read_text())["proxy"]] if args.before else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(_markdown(rows, ceilings, command, args.max_smem))
+    args.out.write_text(_markdown(rows, proxy, before, accuracy, ceilings, command, args.max_smem))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": [dataclasses.asdict(r) for r in rows],
+                    "proxy": [dataclasses.asdict(r) for r in proxy],
+                }
+            )
+        )
     print(f"wrote {args.out}")
     return 0
 

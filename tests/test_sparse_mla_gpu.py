@@ -242,6 +242,18 @@ def test_every_split_count_gives_the_same_function(sparse_mla: ModuleType, layou
         _assert_matches(out, lse, ref_out, ref_lse)
 
 
+@pytest.mark.parametrize(("layout", "heads"), [(name, h) for name in sorted(LAYOUTS) for h in (16, 128)])
+def test_gb10_configurations_with_many_splits(sparse_mla: ModuleType, layout: str, heads: int) -> None:
+    """The small-shared-memory configurations (Q fragments held in registers where they fit) and
+    the split combine over split counts that leave its groups and unrolled steps partly empty."""
+    case = Case(layout, heads, 2048, 2, minus_one=True, lengths=True, sink=True, max_smem=SMALL_SMEM)
+    args = _make_inputs(case, seed=zlib.crc32(str(case).encode()))
+    ref_out, ref_lse = _reference(args)
+    for splits in (1, 6, 37, 64):
+        out, lse = sparse_mla.sparse_mla_decode(**args, num_splits=splits, max_smem_bytes=SMALL_SMEM)
+        _assert_matches(out, lse, ref_out, ref_lse)
+
+
 def test_results_are_deterministic(sparse_mla: ModuleType) -> None:
     args = _make_inputs(Case("v4_fp8", 64, 2048, 2, extra_topk=128), seed=5)
     first = sparse_mla.sparse_mla_decode(**args)

@@ -18,33 +18,41 @@
 namespace sparkseal::sparse_mla {
 
 // ---------------------------------------------------------------------------------------------
-// Split combine: one warp per (token, head); lane l holds columns l*4 + i*128, i = 0..3.
+// Split combine: `groups` warps per (token, head), kCombineWarps / groups pairs per CTA. Lane l
+// of a pair's warp j holds columns l*4 + i*128 (i = 0..3) of splits j, j + groups, ... One warp
+// per pair suits many pairs; with few pairs (batch 1) and 16-64 splits, one warp's dependent
+// rounds of reads were the combine's whole time, and 2 or 4 warps read a pair's splits at once.
 // ---------------------------------------------------------------------------------------------
-__global__ void __launch_bounds__(128) sparse_mla_combine_kernel(const KernelArgs args) {
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  const int64_t plane = static_cast<int64_t>(args.num_tokens) * args.num_heads;
-  if (pair >= plane) return;
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    sparse_mla_combine_kernel(const KernelArgs args, int groups) {
+  __shared__ float4 part_acc[kCombineWarps][4][32];
+  __shared__ float part_wsum[kCombineWarps];
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int token = static_cast<int>(pair / args.num_heads);
-  const int head = static_cast<int>(pair - static_cast<int64_t>(token) * args.num_heads);
+  const int group = warp % groups;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * (kCombineWarps / groups) + warp / groups;
+  const int64_t plane = static_cast<int64_t>(args.num_tokens) * args.num_heads;
+  const bool active = pair < plane;  // inactive warps still meet the barrier below
 
   float mx = kNegInf;
-  for (int s = 0; s < args.num_splits; ++s) mx = fmaxf(mx, args.ws_lse[s * plane + pair]);
+  if (active) {
+    for (int s = 0; s < args.num_splits; ++s) mx = fmaxf(mx, args.ws_lse[s * plane + pair]);
+  }
 
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.f;
   float wsum = 0.f;
   if (mx != kNegInf) {
-    // kUnroll splits per step, their loads all issued before the first is used. A split with
-    // weight 0 (an empty one: its partial O is 0) adds exact zeros.
+    // kUnroll of this warp's splits per step, their loads all issued before the first is used.
+    // A split with weight 0 (an empty one: its partial O is 0) adds exact zeros.
     constexpr int kUnroll = 8;
-    for (int s0 = 0; s0 < args.num_splits; s0 += kUnroll) {
+    for (int s0 = group; s0 < args.num_splits; s0 += kUnroll * groups) {
       float w[kUnroll];
       float4 v[kUnroll][4];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int s = s0 + u;
+        const int s = s0 + u * groups;
         const bool in = s < args.num_splits;
         w[u] = in ? __expf(args.ws_lse[s * plane + pair] - mx) : 0.f;
         const float *src = args.ws_o + ((in ? s : 0) * plane + pair) * kDV + lane * 4;
@@ -64,6 +72,29 @@ __global__ void __launch_bounds__(128) sparse_mla_combine_kernel(const KernelArg
       }
     }
   }
+  if (groups > 1) {  // uniform over the CTA
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      part_acc[warp][i][lane] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    }
+    if (lane == 0) part_wsum[warp] = wsum;
+    __syncthreads();
+    if (group != 0) return;
+    for (int j = 1; j < groups; ++j) {
+      wsum += part_wsum[warp + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 a = part_acc[warp + j][i][lane];
+        acc[4 * i + 0] += a.x;
+        acc[4 * i + 1] += a.y;
+        acc[4 * i + 2] += a.z;
+        acc[4 * i + 3] += a.w;
+      }
+    }
+  }
+  if (!active) return;
+  const int token = static_cast<int>(pair / args.num_heads);
+  const int head = static_cast<int>(pair - static_cast<int64_t>(token) * args.num_heads);
   float denom = wsum;
   if (args.sink != nullptr && mx != kNegInf) denom += __expf(args.sink[head] - mx);
   const float inv = denom > 0.f ? 1.f / denom : 0.f;
@@ -80,6 +111,18 @@ __global__ void __launch_bounds__(128) sparse_mla_combine_kernel(const KernelArg
     args.lse[static_cast<int64_t>(token) * args.lse_stride_token + head] =
         wsum > 0.f ? mx + __logf(wsum) : SPARKSEAL_SPARSE_MLA_EMPTY_LSE;
   }
+}
+
+// Warps per (token, head) in the combine: the most of 4, 2, 1 that still gives each warp at
+// least one full step (kUnroll) of splits and keeps the grid within kCombineWarpsPerSm warps per
+// SM (measured on an H200: 4 warps per pair at batch 8 and 2-8 splits were slower than 1).
+int combine_groups(int64_t pairs, int splits, int num_sms) {
+  constexpr int kUnroll = 8;
+  constexpr int64_t kCombineWarpsPerSm = 8;
+  for (int g = kCombineWarps; g > 1; g /= 2) {
+    if (splits >= g * kUnroll && pairs * g <= static_cast<int64_t>(num_sms) * kCombineWarpsPerSm) return g;
+  }
+  return 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,14 +356,18 @@ int make_plan(const sparkseal_sparse_mla_params *p, const LayoutInfo &info, Plan
   if (p->num_splits > 0) {
     splits = p->num_splits < n_tiles ? p->num_splits : n_tiles;
   } else if (base > 0) {
-    // Cost in tile-times: waves x (tiles per CTA + 1 for the prologue), + 1 for the combine.
+    // Cost in tile-times: waves x (tiles per CTA + 1 for the prologue), and with several splits
+    // 1 for the combine's launch plus 1 / kSplitsPerTile per split (its float32 partial O
+    // written and read back; measured on an H200 at batch 1 with 16 to 64 splits, one tile of
+    // 32 keys costs about as much as 16 to 20 splits). Costs are kept in 1 / kSplitsPerTile units.
+    constexpr int64_t kSplitsPerTile = 16;
     int64_t best_cost = INT64_MAX;
     for (int s = 1; s <= n_tiles; ++s) {
       const int tps = (n_tiles + s - 1) / s;
       const int s_eff = (n_tiles + tps - 1) / tps;
       if (s_eff != s) continue;
       const int64_t waves = (base * s + slots - 1) / slots;
-      const int64_t cost = waves * (tps + 1) + (s > 1 ? 1 : 0);
+      const int64_t cost = kSplitsPerTile * (waves * (tps + 1) + (s > 1 ? 1 : 0)) + (s > 1 ? s : 0);
       if (cost < best_cost) {
         best_cost = cost;
         splits = s;
@@ -439,7 +486,9 @@ int sparkseal_sparse_mla_decode(const sparkseal_sparse_mla_params *p, void *stre
   if (err != cudaSuccess) return fail_cuda(err, "sparse_mla_decode_kernel launch");
   if (pl.num_splits > 1) {
     const int64_t pairs = static_cast<int64_t>(p->num_tokens) * p->num_heads;
-    sparse_mla_combine_kernel<<<static_cast<unsigned>((pairs + 3) / 4), 128, 0, s>>>(a);
+    const int groups = combine_groups(pairs, pl.num_splits, pl.num_sms);
+    const int64_t blocks = (pairs * groups + kCombineWarps - 1) / kCombineWarps;
+    sparse_mla_combine_kernel<<<static_cast<unsigned>(blocks), kCombineWarps * 32, 0, s>>>(a, groups);
     err = cudaGetLastError();
     if (err != cudaSuccess) return fail_cuda(err, "sparse_mla_combine_kernel launch");
   }

@@ -15,7 +15,8 @@
 //      NT/C keys with mma.sync m16n8k16 (bf16 in, fp32 accumulate); the C warps of a row group
 //      exchange row maxima, write P = exp(S - m) as bf16 to shared memory, and each then
 //      accumulates O += P V for all NT keys and its 512/C output columns (V = the K tile's first
-//      512 columns, read with ldmatrix.trans).
+//      512 columns, read with ldmatrix.trans). Where they fit (Config::kQInRegs), each warp holds
+//      its Q fragments in registers for the whole CTA and keeps no Q tile in shared memory.
 // Online softmax runs in the log2 domain (scores pre-multiplied by softmax_scale * log2(e)).
 // With one split the CTA writes bf16 out and lse; with several it writes float32 partials
 // (O / l and lse) to the workspace, merged by sparse_mla_combine_kernel.
@@ -149,13 +150,22 @@ struct Config {
   static constexpr int kKC = kDK / 16;     // k16 chunks of the QK^T product
   // Independent S accumulator sets, so that each warp keeps >= 4 mma chains in flight.
   static constexpr int kNAcc = kNTS >= 4 ? 1 : 4 / kNTS;
-  // Q fragments stay in registers when a warp's output slice is small enough (C == 8).
-  static constexpr bool kQInRegs = C == 8;
+  // Q fragments stay in registers when they fit beside the output accumulators (kKC * 4 + kNTO * 4
+  // of the 255 registers a thread may hold, the rest kept for the S accumulators, addresses and
+  // the softmax state). Such configurations keep no Q tile in shared memory: Q passes once
+  // through the K tile's space (ROWS <= NT rows of the same stride) before the first tile, the
+  // freed bytes go to staging buffers, and the S loop reads only K from shared memory.
+  static constexpr int kQFragRegs = kKC * 4;
+  // 208 fits V3.2's 576-wide Q (144 registers) beside 64 accumulators with the fp8 loaders of
+  // 8 threads per key; the loaders of 4 threads per key or of bf16 records hold more copy state
+  // and spill at 208 (ptxas -v).
+  static constexpr int kMaxQAccRegs = T::kFp8 && kThreads / NT == 8 ? 208 : 200;
+  static constexpr bool kQInRegs = kQFragRegs + kNTO * 4 <= kMaxQAccRegs && ROWS <= NT;
   // Row strides padded by 16 bytes so that ldmatrix row addresses hit distinct bank groups.
   static constexpr int kQStride = kDK + 8;     // elements
   static constexpr int kKStride = kDK + 8;     // elements
   static constexpr int kPStride = NT + 8;      // elements
-  static constexpr int kQBytes = ROWS * kQStride * 2;
+  static constexpr int kQBytes = kQInRegs ? 0 : ROWS * kQStride * 2;
   static constexpr int kKBytes = NT * kKStride * 2;
   static constexpr int kPBytes = ROWS * kPStride * 2;
   static constexpr int kRedBytes = 2 * C * ROWS * 4;    // row max and row sum exchange
@@ -177,6 +187,7 @@ struct Config {
   static_assert(NT % 16 == 0, "PV runs over k16 chunks of keys");
   static_assert(kNTO % 2 == 0, "output n-tiles are loaded in pairs");
   static_assert(kNTS == 1 || kNTS % 2 == 0, "S n-tiles are loaded singly or in pairs");
+  static_assert(!kQInRegs || kQStride == kKStride, "Q passes through the K tile's rows");
   static_assert(kStages >= 1, "configuration does not fit its shared-memory budget");
   static_assert(kTPK * NT == kThreads && (kTPK == 4 || kTPK == 8), "4 or 8 threads per key");
   static_assert(kSmem <= BUDGET - 1024, "configuration does not fit its shared-memory budget");
@@ -333,8 +344,9 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   constexpr int kStages = Cfg::kStages;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  __nv_bfloat16 *q_s = reinterpret_cast<__nv_bfloat16 *>(smem);
   __nv_bfloat16 *k_s = reinterpret_cast<__nv_bfloat16 *>(smem + Cfg::kQBytes);
+  // Q's shared-memory tile; the K tile's space before the first tile when Q lives in registers.
+  __nv_bfloat16 *q_s = Cfg::kQInRegs ? k_s : reinterpret_cast<__nv_bfloat16 *>(smem);
   __nv_bfloat16 *p_s = reinterpret_cast<__nv_bfloat16 *>(smem + Cfg::kQBytes + Cfg::kKBytes);
   float *red_max = reinterpret_cast<float *>(smem + Cfg::kQBytes + Cfg::kKBytes + Cfg::kPBytes);
   float *red_sum = red_max + C * ROWS;
@@ -532,11 +544,19 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   const int col_w0 = cw * Cfg::kDVW;  // first output column of this warp
   const int rg_barrier = 1 + rg;      // named barrier of this row group (0 is __syncthreads)
 
-  // Q fragments, kept in registers by the C == 8 configurations.
-  uint32_t q_frag[Cfg::kQInRegs ? Cfg::kKC : 1][4];
-  bool q_loaded = false;
-
   const uint32_t q_base = smem_addr(q_s + (rg * 16 + (lane & 15)) * Cfg::kQStride + (lane >> 4) * 8);
+
+  // Q fragments, kept in registers where they fit (Cfg::kQInRegs): Q arrived in the K tile's
+  // space with the first staged tile (the first cp.async group), and leaves it before the first
+  // dequantisation overwrites it.
+  uint32_t q_frag[Cfg::kQInRegs ? Cfg::kKC : 1][4];
+  if constexpr (Cfg::kQInRegs) {
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int kc = 0; kc < Cfg::kKC; ++kc) ldmatrix_x4(q_frag[kc], q_base + kc * 32);
+    __syncthreads();
+  }
   const uint32_t p_base = smem_addr(p_s + (rg * 16 + (lane & 15)) * Cfg::kPStride + (lane >> 4) * 8);
 
   for (int it = 0; it < num_tiles; ++it) {
@@ -551,14 +571,6 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
     if (refill) issue_tile(it + kStages, stage, loc);
     cp_async_commit();
     if (it + kStages + 1 < num_tiles) pf_slot = load_slot(it + kStages + 1, ckey);
-
-    if constexpr (Cfg::kQInRegs) {
-      if (!q_loaded) {
-#pragma unroll
-        for (int kc = 0; kc < Cfg::kKC; ++kc) ldmatrix_x4(q_frag[kc], q_base + kc * 32);
-        q_loaded = true;
-      }
-    }
 
     // ---- S = Q K^T for this warp's 16 rows x kNKW keys ----
     float s_acc[Cfg::kNAcc][Cfg::kNTS][4];
@@ -755,8 +767,10 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Split combine: one warp per (token, head)
+// Split combine: `groups` (1, 2 or 4) warps per (token, head), kCombineWarps warps per CTA
 // ---------------------------------------------------------------------------------------------
-__global__ void __launch_bounds__(128) sparse_mla_combine_kernel(const KernelArgs args);
+constexpr int kCombineWarps = 4;
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    sparse_mla_combine_kernel(const KernelArgs args, int groups);
 
 }  // namespace sparkseal::sparse_mla
