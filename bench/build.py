@@ -17,6 +17,12 @@ Scenarios, for our vLLM wheel and for each image:
   read-write remote cache, clone B at another path with an empty output base builds from it; the row is B's
   time and its hit rate (remote cache hits over all non-internal actions).
 
+For an image (``--image-caches``), the cache row is the HTTP cache's with clone B building with
+``--remote_download_toplevel`` (builds without the bytes), and it also gives what the cache holds after
+clone A's build and what clone B downloaded (from nginx's access log), against the compressed image. Clone
+B then pushes the image to a loopback ``docker-registry`` twice with ``--blob-cache`` (the layers stream
+from the cache): the second push must upload nothing. A goals table closes the image section.
+
 Remote execution runs on the fixture workspace (a small fake vLLM release served from loopback) with one
 and with two bots of the test harness. The physical limit beside each target is the least work its bytes
 need on this machine: for the wheel, reading the upstream wheel, hashing it and writing it back; for an
@@ -51,6 +57,7 @@ from tests.bazel_remote import clone_repo, fixture_source  # noqa: E402
 from tests.bazel_util import Workspace, base_env, process_summary, remove_tree  # noqa: E402
 from tests.buildgrid_server import bots, buildgrid, postgres  # noqa: E402
 from tests.nginx_cache import NginxCache  # noqa: E402
+from tests.registry_server import Registry  # noqa: E402
 
 SHARED_CACHE = Path.home() / ".cache" / "sparkseal" / "repository"
 PATCH_EDIT = ("Reason:", "Reason: (edited by the benchmark)")
@@ -210,6 +217,106 @@ def cache_rows(scratch: Path, target: str) -> dict[str, Row]:
     return rows
 
 
+def _served_bytes(cache: NginxCache, since: int) -> int:
+    """Bytes nginx sent in answers to GET requests logged after the first ``since`` lines."""
+    log = (cache.root.parent / "state" / "access.log").read_text().splitlines()[since:]
+    sent = 0
+    for line in log:
+        parts = line.split('"')
+        if len(parts) > 2 and parts[1].startswith("GET "):
+            status, size = parts[2].split()[:2]
+            sent += int(size) if status == "200" else 0
+    return sent
+
+
+def _stored_bytes(cache: NginxCache) -> int:
+    sizes = subprocess.run(
+        ["du", "-s", "--block-size=1", "--apparent-size", str(cache.root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(sizes.stdout.split()[0])
+
+
+def image_cache_rows(scratch: Path, target: str, image: str) -> dict[str, Row]:
+    """Clone A fills an HTTP cache; clone B builds the image from it without the bytes, then pushes it."""
+    rows: dict[str, Row] = {}
+    flags = ["--config=remote-cache"]
+    with NginxCache() as nginx:  # under /tmp: nginx's workers (nobody) cannot enter a 0700 scratch dir
+        flags.append(f"--remote_cache={nginx.url}")
+        with clone(scratch, "http-a") as first:
+            bazel(first, "build", *flags, target)
+            compressed = sum(layers(first, image).values())
+        stored = _stored_bytes(nginx)
+        logged = len((nginx.root.parent / "state" / "access.log").read_text().splitlines())
+        with clone(scratch, "http-b") as second:
+            result = bazel(second, "build", *flags, "--remote_download_toplevel", target)
+            downloaded = _served_bytes(nginx, logged)
+            row = rows.setdefault("clone from the HTTP cache, --remote_download_toplevel", Row())
+            row.times.append(result.seconds)
+            row.notes += [
+                f"{hit_rate(result.processes)}, {executed(result.processes)} ran locally",
+                f"downloaded {downloaded / 1e6:.2f} MB = {100 * downloaded / compressed:.3f}% of the "
+                f"{compressed / 1e9:.2f} GB image",
+                f"the cache holds {stored / 1e9:.2f} GB = {stored / compressed:.2f}x the image",
+            ]
+            with Registry(scratch / "registry") as registry:
+                for attempt in ("first", "second"):
+                    logged = len((nginx.root.parent / "state" / "access.log").read_text().splitlines())
+                    args = ["--blob-cache", nginx.url, f"{registry.host}/sparkseal/bench", "--json"]
+                    start = time.monotonic()
+                    pushed = second.bazel(
+                        "run", *flags, "--remote_download_toplevel", f"{target}.push", "--", *args
+                    )
+                    seconds = time.monotonic() - start
+                    if pushed.returncode != 0:
+                        sys.exit(f"bench: {target}.push failed:\n{pushed.output[-4000:]}")
+                    report = json.loads(pushed.output.strip().splitlines()[-1])
+                    push_row = rows.setdefault(f"push to a loopback registry, {attempt} time", Row())
+                    push_row.times.append(seconds)
+                    uploaded = report["uploaded_bytes"] / 1e6
+                    push_row.notes.append(
+                        f"{len(report['uploaded'])} blobs uploaded ({uploaded:.1f} MB), "
+                        f"{len(report['skipped'])} already there; "
+                        f"{_served_bytes(nginx, logged) / 1e6:.1f} MB read from the cache"
+                    )
+    return rows
+
+
+def goals(rows: dict[str, Row]) -> list[str]:
+    """The image goals of the build-scale work, from this run's rows."""
+    cold = rows["cold, warm download cache"].median
+    limit = rows["physical limit (every layer decompressed into sha256sum)"].median
+    edited = rows["one patch edited"]
+    lines = [
+        "### Goals",
+        "",
+        "| figure | goal | measured |",
+        "|---|---|---|",
+        f"| cold image / physical limit | <= 3x | {cold / limit:.1f}x ({cold:.0f} s / {limit:.0f} s) |",
+        f"| one patch edited / cold; image bytes rewritten | <= 0.10; <= 2% | {edited.median / cold:.2f}; "
+        f"{'; '.join(sorted(set(edited.notes)))} |",
+    ]
+    hit = rows.get("clone from the HTTP cache, --remote_download_toplevel")
+    if hit is not None:
+        lines.append(
+            f"| cache-hit clean clone / cold; bytes downloaded / image bytes | <= 0.15; <= 1% | "
+            f"{hit.median / cold:.2f}; {'; '.join(hit.notes[1:2])} |"
+        )
+        lines.append(
+            f"| remote-cache bytes stored per image build / compressed image | <= 1.1x | {hit.notes[2]} |"
+        )
+    second = rows.get("push to a loopback registry, second time")
+    if second is not None:
+        lines.append(
+            f"| push of an image whose layers the registry has | only manifest + config | {second.notes[0]} |"
+        )
+    disk = [n for n in rows["cold, warm download cache"].notes if n.startswith("output base")]
+    lines.append(f"| output base after an image build / compressed image | <= 2x | {'; '.join(disk)} |")
+    return [*lines, ""]
+
+
 def remote_execution_rows(scratch: Path, runs: int) -> dict[str, Row]:
     """The fixture workspace's two wheels built with --config=rbe on one and on two bots."""
     rows: dict[str, Row] = {}
@@ -354,9 +461,12 @@ def main() -> int:
             target = f"//:image_{name}"
             limit = physical_limit_image(name, args.runs)
             rows = local_scenarios(scratch, target, max(args.image_runs, 2), f"image_{name}", limit)
-            if args.image_caches:
-                rows.update(cache_rows(scratch, target))
             publish(table(f"The image ({target})", rows))
+            if args.image_caches:
+                cached = image_cache_rows(scratch, target, f"image_{name}")
+                rows.update(cached)
+                publish(table(f"The image ({target}) from a remote cache", cached, ""))
+            publish(goals(rows))
     finally:
         remove_tree(scratch)
     return 0
