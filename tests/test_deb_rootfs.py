@@ -18,6 +18,7 @@ from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
 from sparkseal.fetch.lock_debian import read_lock, resolve_uris
 from tests.bazel_util import REPO
+from tests.bytecode_probe import PROBE
 from tests.fixtures_debian import (
     Exec,
     Hardlink,
@@ -406,17 +407,13 @@ print(stub.__name__)
 
 
 # Imports a good part of the standard library and prints how many modules were compiled from source.
-COUNT_COMPILED = """
-import importlib._bootstrap_external as ext
-compiled = []
-to_code = ext.SourceLoader.source_to_code
-def counting(self, data, path, *, _optimize=-1):
-    compiled.append(path)
-    return to_code(self, data, path, _optimize=_optimize)
-ext.SourceLoader.source_to_code = counting
+COUNT_COMPILED = (
+    PROBE
+    + """
 import asyncio, email.parser, json, logging.handlers, ssl, sqlite3, subprocess, urllib.request
 print(len(compiled), compiled[:3])
 """
+)
 
 
 @pytest.mark.network
