@@ -52,6 +52,12 @@ TIMEOUT_S = 300.0
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
 
+def _connect(scheme: str, netloc: str) -> http.client.HTTPConnection:
+    """One HTTP(S) connection to ``netloc``, with the push's timeout and read size."""
+    kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    return kind(netloc, timeout=TIMEOUT_S, blocksize=CHUNK)
+
+
 class PushError(Exception):
     """The push cannot go on; the message names the registry, the object and what the registry said."""
 
@@ -127,8 +133,7 @@ class BlobCache:
 
     def open(self, digest: str, size: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Start reading blob ``digest`` of ``size`` bytes; the caller reads the response and closes both."""
-        kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        connection = kind(self.netloc, timeout=TIMEOUT_S, blocksize=CHUNK)
+        connection = _connect(self.scheme, self.netloc)
         headers = {"Authorization": self.credentials.header()} if self.credentials else {}
         where = f"the remote cache {self.shown}"
         try:
@@ -263,11 +268,6 @@ class Registry:
         if self._credentials is not None:
             self._authorization = self._credentials.header()
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self.scheme == "https":
-            return http.client.HTTPSConnection(self.reference.registry, timeout=TIMEOUT_S, blocksize=CHUNK)
-        return http.client.HTTPConnection(self.reference.registry, timeout=TIMEOUT_S, blocksize=CHUNK)
-
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> tuple[int, dict[str, str], bytes]:
@@ -281,7 +281,7 @@ class Registry:
             sent = dict(headers or {})
             if self._authorization:
                 sent["Authorization"] = self._authorization
-            connection = self._connection()
+            connection = _connect(self.scheme, self.reference.registry)
             try:
                 connection.request(method, path, body=body, headers=sent)
                 response = connection.getresponse()
@@ -305,10 +305,7 @@ class Registry:
             raise PushError(f"registry {self.base}: bearer challenge without a usable realm")
         url = realm + "?" + urllib.parse.urlencode(sorted(params.items()))
         parts = urllib.parse.urlsplit(url)
-        connection_type = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = connection_type(parts.netloc, timeout=TIMEOUT_S)
+        connection = _connect(parts.scheme, parts.netloc)
         headers = {}
         if self._credentials is not None:
             headers["Authorization"] = self._credentials.header()

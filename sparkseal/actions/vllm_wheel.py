@@ -9,7 +9,6 @@ The archive is written deterministically and RECORD is regenerated.
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
 import hashlib
 import io
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
+from sparkseal.core.digests import record_hash
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.tree import content_mode, list_files
 from sparkseal.core.zipwriter import RawMember, ZipWriter, deflate, read_raw
@@ -31,12 +31,6 @@ BUILD_RECORD = "sparkseal.json"
 
 class RepackError(Exception):
     """The upstream wheel is unsafe, malformed, or not the locked release."""
-
-
-def record_hash(data: bytes) -> str:
-    """The RECORD form of a sha256: ``sha256=<urlsafe base64 without padding>``."""
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return "sha256=" + digest.decode("ascii")
 
 
 def _entry_order(name: str, dist_info: str) -> tuple[int, str]:

@@ -26,9 +26,7 @@ for both image platforms, and a build whose ``python3`` is not the image's minor
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import importlib.util
 import io
 import json
@@ -40,6 +38,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sparkseal.core.digests import record_hash
 from sparkseal.core.wheels import PYTHON_VERSION
 
 # Files per fresh interpreter: large enough that starting one (~20 ms) is a small part of compiling its
@@ -128,10 +127,9 @@ def compile_tree(site: Path, image_site: str, sources: Sequence[str], workers: i
 
 
 def record_row(path: Path, key: str) -> list[str]:
-    """A RECORD row for the file at ``path``: its key, urlsafe-base64 sha256 and size (PEP 376/627)."""
+    """A RECORD row for the file at ``path``: its key, RECORD-form sha256 and size (PEP 376/627)."""
     data = path.read_bytes()
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
-    return [key, f"sha256={digest}", str(len(data))]
+    return [key, record_hash(data), str(len(data))]
 
 
 def add_to_record(record: Path, site: Path, pycs: Sequence[str]) -> None:

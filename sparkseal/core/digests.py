@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,12 @@ def sha256_file(path: Path) -> str:
     """The hex sha256 of a file's content."""
     with open(path, "rb") as stream:
         return sha256_stream(stream)
+
+
+def record_hash(data: bytes) -> str:
+    """The RECORD form of a sha256 (PEP 376/627): ``sha256=<urlsafe base64 without padding>``."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode("ascii")
 
 
 def listing_digest(files: Mapping[str, str]) -> str:
