@@ -14,6 +14,10 @@ kernel's shared memory capped at 101376 bytes per CTA (the SM120/SM121 limit), w
 configurations a GB10 runs. The proxy rows carry the speed goals (GOALS); ``--json`` keeps the
 rows, and ``--before`` reads such a file from an earlier library on the same machine to fill the
 goals table's "before" column.
+
+The fp8 layouts have three QK^T paths (``qk``: bf16 dequantisation, e4m3 with q as one or two
+e4m3 terms); the proxy rows and the accuracy table run each of ``--qk-modes``, the device-limit
+rows the library's default ("auto").
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import shlex
 import sys
 from collections.abc import Callable
@@ -82,6 +87,7 @@ class Row:
     base_us: float | None
     plan: str
     max_smem: int = 0
+    qk: str = "auto"
 
 
 def _time_graph(fn: Callable[[int], object], rotations: int) -> float:
@@ -173,6 +179,7 @@ def bench_shape(
     gen: torch.Generator,
     base_us: float | None,
     max_smem: int = 0,
+    qk: str = "auto",
 ) -> Row:
     """Time the kernel on one shape."""
     q = torch.randn(batch, heads, layout.q_dim, device="cuda", generator=gen).to(torch.bfloat16)
@@ -181,7 +188,7 @@ def bench_shape(
 
     def kernel(i: int) -> object:
         return sparse_mla.sparse_mla_decode(
-            q, cache, index_sets[i], softmax_scale=scale, layout=layout.name, max_smem_bytes=max_smem
+            q, cache, index_sets[i], softmax_scale=scale, layout=layout.name, max_smem_bytes=max_smem, qk=qk
         )
 
     seconds = _time_graph(kernel, len(index_sets))
@@ -191,7 +198,7 @@ def bench_shape(
     floor = max(flops / peak, moved / bandwidth)
     bound = "memory" if moved / bandwidth >= flops / peak else "compute"
 
-    p = sparse_mla.plan(q, cache, index_sets[0], layout.name, max_smem_bytes=max_smem)
+    p = sparse_mla.plan(q, cache, index_sets[0], layout.name, max_smem_bytes=max_smem, qk=qk)
     plan = (
         f"{p.heads_per_cta}h x {p.keys_per_tile}k, {p.threads_per_cta} thr, {p.num_splits} split, "
         f"{p.num_ctas} CTAs"
@@ -209,11 +216,13 @@ def bench_shape(
         base_us,
         plan,
         max_smem,
+        sparse_mla.QK_NAMES[p.qk_mode],
     )
 
 
 @dataclasses.dataclass
 class Accuracy:
+    qk: str
     layout: str
     batch: int
     heads: int
@@ -228,7 +237,7 @@ class Accuracy:
 ACCURACY_SHAPES = ((1, 128, 2048), (8, 64, 2048))  # (batch, heads, topk): with and without splits
 
 
-def measure_accuracy(layout: Layout, max_smem: int, gen: torch.Generator) -> list[Accuracy]:
+def measure_accuracy(layout: Layout, max_smem: int, gen: torch.Generator, qk: str = "auto") -> list[Accuracy]:
     """The kernel against the float32 reference (sparse_mla_ref) on random latents, 20% -1 indices."""
     results = []
     cache = random_cache(layout, 64, generator=gen, device="cuda")
@@ -240,13 +249,14 @@ def measure_accuracy(layout: Layout, max_smem: int, gen: torch.Generator) -> lis
         idx = torch.where(drop, torch.full_like(idx, -1), idx)
         scale = layout.q_dim**-0.5
         out, lse = sparse_mla.sparse_mla_decode(
-            q, cache, idx, softmax_scale=scale, layout=layout.name, max_smem_bytes=max_smem
+            q, cache, idx, softmax_scale=scale, layout=layout.name, max_smem_bytes=max_smem, qk=qk
         )
         ref_out, ref_lse = sparse_mla_decode_ref(q, cache, idx, scale, layout)
         diff = out.float() - ref_out
-        p = sparse_mla.plan(q, cache, idx, layout.name, max_smem_bytes=max_smem)
+        p = sparse_mla.plan(q, cache, idx, layout.name, max_smem_bytes=max_smem, qk=qk)
         results.append(
             Accuracy(
+                sparse_mla.QK_NAMES[p.qk_mode],
                 layout.name,
                 batch,
                 heads,
@@ -263,14 +273,14 @@ def measure_accuracy(layout: Layout, max_smem: int, gen: torch.Generator) -> lis
 
 def _accuracy_table(results: list[Accuracy]) -> list[str]:
     lines = [
-        "| layout | batch | heads | topk | shared memory | plan | out rel. error | worst row "
+        "| layout | QK^T | batch | heads | topk | shared memory | plan | out rel. error | worst row "
         "| lse max error |",
-        "|---|---:|---:|---:|---|---|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for a in results:
         smem = f"<= {a.max_smem}" if a.max_smem else "device limit"
         lines.append(
-            f"| {a.layout} | {a.batch} | {a.heads} | {a.topk} | {smem} | {a.plan} | {a.rel:.2e} | "
+            f"| {a.layout} | {a.qk} | {a.batch} | {a.heads} | {a.topk} | {smem} | {a.plan} | {a.rel:.2e} | "
             f"{a.worst_row:.2e} | {a.lse_err:.2e} |"
         )
     return lines
@@ -278,16 +288,16 @@ def _accuracy_table(results: list[Accuracy]) -> list[str]:
 
 def _table(rows: list[Row]) -> list[str]:
     lines = [
-        "| layout | batch | heads | topk | µs | TFLOP/s | GB/s | % roofline | bound | baseline µs | speed-up "
-        "| plan |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        "| layout | QK^T | batch | heads | topk | µs | TFLOP/s | GB/s | % roofline | bound | baseline µs "
+        "| speed-up | plan |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         base = f"{r.base_us:.1f}" if r.base_us is not None else "-"
         speedup = f"{r.base_us / r.us:.1f}x" if r.base_us is not None else "-"
         lines.append(
-            f"| {r.layout} | {r.batch} | {r.heads} | {r.topk} | {r.us:.1f} | {r.tflops:.1f} | {r.gbps:.0f} | "
-            f"{r.roofline_pct:.0f} | {r.bound} | {base} | {speedup} | {r.plan} |"
+            f"| {r.layout} | {r.qk} | {r.batch} | {r.heads} | {r.topk} | {r.us:.1f} | {r.tflops:.1f} | "
+            f"{r.gbps:.0f} | {r.roofline_pct:.0f} | {r.bound} | {base} | {speedup} | {r.plan} |"
         )
     return lines
 
@@ -304,30 +314,68 @@ def _goal_met(goal: Goal, value: float) -> bool:
     return value <= goal.target if goal.metric == "µs" else value >= goal.target
 
 
+def _find(rows: list[Row], layout: str, batch: int, heads: int, topk: int, qk: str | None) -> Row | None:
+    key = (layout, batch, heads, topk)
+    return next(
+        (r for r in rows if (r.layout, r.batch, r.heads, r.topk) == key and (qk is None or r.qk == qk)), None
+    )
+
+
+def _modes(rows: list[Row]) -> list[str]:
+    """The QK^T paths present in ``rows``, in the order of QK_MODES."""
+    present = {r.qk for r in rows}
+    return [name for name in sparse_mla.QK_MODES if name in present]
+
+
 def _goals_table(proxy: list[Row], before: list[Row], bandwidth: float) -> list[str]:
-    """Goals against the GB10-proxy rows of this run (and of the ``--before`` run, if given)."""
-
-    def find(rows: list[Row], goal: Goal) -> Row | None:
-        key = (goal.layout, goal.batch, goal.heads, goal.topk)
-        return next((r for r in rows if (r.layout, r.batch, r.heads, r.topk) == key), None)
-
+    """Goals against the GB10-proxy rows of this run, one column per QK^T path (and the ``--before``
+    run's value, whatever path that library ran)."""
+    modes = _modes(proxy)
     lines = [
-        "| shape (GB10 proxy) | metric | goal | before | measured | met |",
-        "|---|---|---:|---:|---:|---|",
+        "| shape (GB10 proxy) | metric | goal | before | " + " | ".join(modes) + " | met by |",
+        "|---|---|---:|---:|" + "---:|" * len(modes) + "---|",
     ]
     for goal in GOALS:
-        row = find(proxy, goal)
-        old = find(before, goal)
         shape = f"{goal.layout}, B={goal.batch}, h={goal.heads}, topk {goal.topk}"
         bound = "<=" if goal.metric == "µs" else ">="
-        old_text = f"{_goal_value(goal, old, bandwidth):.1f}" if old is not None else "-"
-        if row is None:
-            lines.append(f"| {shape} | {goal.metric} | {bound} {goal.target:g} | {old_text} | not run | - |")
-            continue
-        value = _goal_value(goal, row, bandwidth)
-        met = "yes" if _goal_met(goal, value) else "no"
+        old = _find(before, goal.layout, goal.batch, goal.heads, goal.topk, None)
+        cells = [f"{_goal_value(goal, old, bandwidth):.1f}" if old is not None else "-"]
+        met = []
+        for mode in modes:
+            row = _find(proxy, goal.layout, goal.batch, goal.heads, goal.topk, mode)
+            if row is None:
+                cells.append("not run")
+                continue
+            value = _goal_value(goal, row, bandwidth)
+            cells.append(f"{value:.1f}")
+            if _goal_met(goal, value):
+                met.append(mode)
+        met_text = ", ".join(met) or "none"
         lines.append(
-            f"| {shape} | {goal.metric} | {bound} {goal.target:g} | {old_text} | {value:.1f} | {met} |"
+            f"| {shape} | {goal.metric} | {bound} {goal.target:g} | " + " | ".join(cells) + f" | {met_text} |"
+        )
+    return lines
+
+
+def _speedup_lines(proxy: list[Row], before: list[Row]) -> list[str]:
+    """Per QK^T path: the range and geometric mean of before / after time over the proxy rows."""
+    lines = []
+    for mode in _modes(proxy):
+        ratios = []
+        for r in proxy:
+            if r.qk != mode:
+                continue
+            old = _find(before, r.layout, r.batch, r.heads, r.topk, None)
+            if old is not None:
+                ratios.append((old.us / r.us, r))
+        if not ratios:
+            continue
+        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        lo, lo_row = min(ratios, key=lambda t: t[0])
+        hi, _ = max(ratios, key=lambda t: t[0])
+        lines.append(
+            f"- {mode}: {lo:.2f}x to {hi:.2f}x (geometric mean {geo:.2f}x) over {len(ratios)} rows; slowest "
+            f"gain: {lo_row.layout} h={lo_row.heads} topk {lo_row.topk} batch {lo_row.batch}."
         )
     return lines
 
@@ -391,10 +439,18 @@ def _markdown(
             "### Goals (GB10 proxy rows)",
             "",
             '"% of copy" = GB/s over the copy bandwidth above; "before" = the `--before` rows '
-            + ("(an earlier library, same machine and call)." if before else "(none given)."),
+            + ("(an earlier library, same machine and call)." if before else "(none given).")
+            + " One column per QK^T path.",
             "",
             *_goals_table(proxy, before, bandwidth),
         ]
+        if before:
+            lines += [
+                "",
+                "Over the GB10-proxy rows, before / after speed per QK^T path:",
+                "",
+                *_speedup_lines(proxy, before),
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -421,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"layouts that also run as GB10-proxy rows (max_smem_bytes={GB10_SMEM}); empty: none",
     )
     parser.add_argument("--proxy-only", action="store_true", help="run only the GB10-proxy rows")
+    parser.add_argument(
+        "--qk-modes",
+        default="bf16,fp8,fp8x2",
+        help="QK^T paths of the fp8 layouts' proxy rows and accuracy rows (the device-limit rows run 'auto')",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--before", type=Path, help="JSON rows of an earlier library (goals' before column)")
     args = parser.parse_args(argv)
@@ -458,32 +519,39 @@ def main(argv: list[str] | None = None) -> int:
     proxy: list[Row] = []
     accuracy: list[Accuracy] = []
     proxy_layouts = {name for name in args.proxy_layouts.split(",") if name}
+    qk_modes = [mode for mode in args.qk_modes.split(",") if mode]
     for name in args.layouts.split(","):
         layout = LAYOUTS[name]
-        caps = [] if args.proxy_only else [(args.max_smem, rows)]
+        fp8 = layout.cache_dtype == torch.uint8
+        caps: list[tuple[int, list[Row], list[str]]] = []
+        if not args.proxy_only:
+            caps.append((args.max_smem, rows, ["auto"]))
         if name in proxy_layouts:
-            caps.append((GB10_SMEM, proxy))
+            caps.append((GB10_SMEM, proxy, qk_modes if fp8 else ["auto"]))
         if not caps:
             continue
-        for cap, _ in caps:
-            for a in measure_accuracy(layout, cap, gen):
-                accuracy.append(a)
-                print(
-                    f"accuracy {name:9s} smem<={cap or 'dev':>6} B={a.batch} h={a.heads} k={a.topk}: out rel "
-                    f"{a.rel:.2e}, worst row {a.worst_row:.2e}, lse {a.lse_err:.2e} [{a.plan}]",
-                    flush=True,
-                )
+        for cap, _, _ in caps:
+            for mode in qk_modes if fp8 else ["auto"]:
+                for a in measure_accuracy(layout, cap, gen, mode):
+                    accuracy.append(a)
+                    print(
+                        f"accuracy {name:9s} {a.qk:5s} smem<={cap or 'dev':>6} B={a.batch} h={a.heads} "
+                        f"k={a.topk}: out rel {a.rel:.2e}, worst row {a.worst_row:.2e}, "
+                        f"lse {a.lse_err:.2e} [{a.plan}]",
+                        flush=True,
+                    )
         cache = random_cache(layout, CACHE_SLOTS // PAGE_SIZE, generator=gen, device="cuda")
-        for cap, out in caps:
-            for shape in shapes:
-                row = bench_shape(layout, cache, *shape, ceilings, gen, baselines.get(shape), cap)
-                out.append(row)
-                print(
-                    f"{name:9s} smem<={cap or 'dev':>6} B={row.batch:4d} h={row.heads:4d} k={row.topk:5d} "
-                    f"{row.us:9.1f} us {row.tflops:6.1f} TFLOP/s {row.gbps:6.0f} GB/s "
-                    f"{row.roofline_pct:4.0f}% [{row.plan}]",
-                    flush=True,
-                )
+        for cap, out, modes in caps:
+            for mode in modes:
+                for shape in shapes:
+                    row = bench_shape(layout, cache, *shape, ceilings, gen, baselines.get(shape), cap, mode)
+                    out.append(row)
+                    print(
+                        f"{name:9s} {row.qk:5s} smem<={cap or 'dev':>6} B={row.batch:4d} h={row.heads:4d} "
+                        f"k={row.topk:5d} {row.us:9.1f} us {row.tflops:6.1f} TFLOP/s {row.gbps:6.0f} GB/s "
+                        f"{row.roofline_pct:4.0f}% [{row.plan}]",
+                        flush=True,
+                    )
         del cache
         torch.cuda.empty_cache()
     before = [Row(**r) for r in json.loads(args.before.read_text())["proxy"]] if args.before else []

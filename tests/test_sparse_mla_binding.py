@@ -272,7 +272,7 @@ def _library_or_skip() -> object:
     [
         ("num_heads", 24, r"params.num_heads: expected 16, 32, 64 or 128, got 24"),
         ("layout", 7, r"params.layout: expected 0 \(V4_FP8\), 1 \(V32_FP8\) or 2 \(V32_BF16\), got 7"),
-        ("reserved", 3, r"params.reserved: expected 0, got 3"),
+        ("qk_mode", 4, r"params.qk_mode: expected 0 \(AUTO\), 1 \(BF16\), 2 \(FP8\) or 3 \(FP8X2\), got 4"),
         ("cache1_topk", 100, r"params.caches\[1\].topk: expected a positive multiple of 64, got 100"),
         (
             "cache1_stride",
@@ -299,3 +299,90 @@ def test_library_rejects_bad_params_before_touching_the_gpu(field: str, value: i
     text = lib.sparkseal_sparse_mla_last_error().decode()
     assert text.startswith("kernels_sm121/csrc/sparse_mla.cu: ")
     assert re.search(message, text), text
+
+
+def test_qk_modes_follow_the_header() -> None:
+    defines = dict(re.findall(r"#define SPARKSEAL_SPARSE_MLA_QK_(\w+) (\d+)", HEADER.read_text()))
+    assert {name.lower(): int(code) for name, code in defines.items()} == sparse_mla.QK_MODES
+    assert {code: name for name, code in sparse_mla.QK_MODES.items()} == sparse_mla.QK_NAMES
+
+
+@pytest.mark.parametrize(
+    ("layout", "qk", "message"),
+    [
+        ("v4_fp8", "fp16", r"qk: expected one of \['auto', 'bf16', 'fp8', 'fp8x2'\], got 'fp16'"),
+        (
+            "v32_bf16",
+            "fp8",
+            r"qk: expected 'auto' or 'bf16' for layout v32_bf16 \(no fp8 records\), got 'fp8'",
+        ),
+        (
+            "v32_bf16",
+            "fp8x2",
+            r"qk: expected 'auto' or 'bf16' for layout v32_bf16 \(no fp8 records\), got 'fp8x2'",
+        ),
+    ],
+)
+def test_qk_is_checked_before_dispatch(layout: str, qk: str, message: str) -> None:
+    args = _inputs(LAYOUTS[layout])
+    with pytest.raises(ValueError, match=message):
+        sparse_mla_decode(**args, softmax_scale=0.1, layout=layout, qk=qk)
+
+
+@pytest.mark.parametrize("qk", ["auto", "bf16", "fp8", "fp8x2"])
+def test_fake_implementation_takes_every_qk_path(qk: str) -> None:
+    args = _inputs(LAYOUTS["v32_fp8"], tokens=2, heads=32, device="meta")
+    out, lse = sparse_mla_decode(**args, softmax_scale=0.1, layout="v32_fp8", qk=qk)
+    assert (out.shape, lse.shape) == ((2, 32, 512), (2, 32))
+
+
+def test_library_rejects_fp8_qk_for_the_bf16_cache() -> None:
+    lib = _library_or_skip()
+    p = sparse_mla._Params(layout=2, num_tokens=2, num_heads=16, num_caches=1, softmax_scale=0.1, qk_mode=2)
+    p.q_stride_token, p.q_stride_head = 16 * 576, 576
+    p.out_stride_token, p.out_stride_head, p.lse_stride_token = 16 * 512, 512, 16
+    c = p.caches[0]
+    c.page_stride_bytes, c.num_pages, c.indices_stride, c.page_size, c.topk = 64 * 1152, 4, 128, 64, 128
+    assert lib.sparkseal_sparse_mla_plan_decode(p, sparse_mla.Plan()) == -2
+    assert "params.qk_mode: expected 0 (AUTO) or 1 (BF16) for layout V32_BF16 (no fp8 records), got 2" in (
+        lib.sparkseal_sparse_mla_last_error().decode()
+    )
+
+
+# The e4m3 QK^T configurations (sparse_mla_fp8qk.cuh, Fp8Config) against GB10's 99 KB: the tables'
+# small-budget entries must fit 101376 bytes less the 1 KiB the runtime keeps, with at least two
+# staging buffers (one tile computed while the next arrives). The C++ static_asserts enforce the
+# same at build time; this reads the tables without a compiler.
+CSRC = HEADER.parent.parent.parent / "csrc"
+GB10_SMEM = 101376
+_RAW_STRIDE = {"kV4": 592, "kV32Fp8": 656}  # staging row bytes (LayoutTraits::kRawStride)
+
+
+def _fp8_entries() -> list[tuple[str, int, int, str]]:
+    entries = []
+    for path in sorted(CSRC.glob("sparse_mla_*_qk_*.cu")):
+        for const, rows, nt, _nq, budget in re.findall(
+            r"make_fp8qk_entry<(\w+?)Qk\w+, (\d+), (\d+), (\d), (\w+)>", path.read_text()
+        ):
+            entries.append((const, int(rows), int(nt), budget))
+    return entries
+
+
+def _fp8_smem(const: str, rows: int, nt: int, budget: int) -> tuple[int, int]:
+    """(stages, bytes) as Fp8Config computes them."""
+    warps_per_tile = 8 // (rows // 16)
+    fixed = rows * (nt + 8) * 2 + rows * 72 * 2 + 2 * warps_per_tile * rows * 4
+    stage = nt * _RAW_STRIDE[const] + (nt + 15) // 16 * 16
+    stages = min(4, (budget - 1024 - fixed) // stage)
+    return stages, fixed + stages * stage
+
+
+def test_fp8_qk_gb10_configurations_fit_99_kb() -> None:
+    entries = _fp8_entries()
+    assert len(entries) == 16, entries  # 2 layouts x 2 q terms x 4 configurations
+    small = [e for e in entries if e[3] == "kSmallSmem"]
+    assert {(const, rows) for const, rows, _, _ in small} == {(c, r) for c in _RAW_STRIDE for r in (16, 32)}
+    for const, rows, nt, _ in small:
+        stages, smem = _fp8_smem(const, rows, nt, GB10_SMEM)
+        assert stages >= 2 and smem <= GB10_SMEM - 1024, (const, rows, nt, stages, smem)
+        assert nt % (8 * (8 // (rows // 16))) == 0, "each S warp needs whole 8-key n-tiles"

@@ -178,8 +178,18 @@ def _reference(args: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
     return sparse_mla_decode_ref(q, cache, indices, scale, layout, **kwargs)  # type: ignore[arg-type]
 
 
+# (out relative error, worst row's relative error, lse max error) allowed per QK^T path. bf16 and
+# fp8x2 (q as two e4m3 terms) measure about 2e-3 / 4e-3 / 2e-3 on these inputs; fp8 (q as one e4m3
+# term, 3 mantissa bits) about 2.5e-2 / 5.7e-2 / 3e-2 (bench/results/sparse_mla.md).
+TOLERANCES = {"bf16": (1e-2, 3e-2, 2e-2), "fp8x2": (1e-2, 3e-2, 2e-2), "fp8": (5e-2, 1e-1, 8e-2)}
+
+
 def _assert_matches(
-    out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ref_out: torch.Tensor,
+    ref_lse: torch.Tensor,
+    tolerance: tuple[float, float, float] = TOLERANCES["bf16"],
 ) -> None:
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert bool(torch.isfinite(out).all()), "non-finite values in out"
@@ -194,9 +204,10 @@ def _assert_matches(
     rel = (diff.norm() / ref_out[full].norm().clamp(min=1e-30)).item()
     row_rel = (diff.norm(dim=-1) / ref_out[full].norm(dim=-1).clamp(min=1e-30)).max().item()
     lse_err = (lse[full] - ref_lse[full]).abs().max().item()
-    assert rel < 1e-2 and row_rel < 3e-2 and lse_err < 2e-2, (
-        f"out relative error {rel:.2e} (expected < 1e-2), worst row {row_rel:.2e} (expected < 3e-2), "
-        f"lse max error {lse_err:.2e} (expected < 2e-2)"
+    max_rel, max_row, max_lse = tolerance
+    assert rel < max_rel and row_rel < max_row and lse_err < max_lse, (
+        f"out relative error {rel:.2e} (expected < {max_rel:.0e}), worst row {row_rel:.2e} (expected < "
+        f"{max_row:.0e}), lse max error {lse_err:.2e} (expected < {max_lse:.0e})"
     )
 
 
@@ -328,3 +339,128 @@ def test_torch_compile_traces_the_op(sparse_mla: ModuleType) -> None:
 
     compiled = torch.compile(step, fullgraph=True)
     torch.testing.assert_close(compiled(args["q"]), step(args["q"]), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The e4m3 QK^T paths (qk="fp8": q as one e4m3 term, "fp8x2": two)
+# ---------------------------------------------------------------------------------------------
+FP8_QK = ("fp8", "fp8x2")
+
+
+def _fp8_cases() -> list[Case]:
+    """Both fp8 layouts: batch 1 (split top-k), padded -1 indices, a second cache, lengths and
+    sinks, a large batch, forced split counts and both shared-memory budgets."""
+    cases = []
+    for layout in ("v4_fp8", "v32_fp8"):
+        extra = 128 if layout == "v4_fp8" else 64
+        cases += [
+            Case(layout, 128, 2048, 1),
+            Case(layout, 128, 2048, 1, minus_one=True, max_smem=SMALL_SMEM),
+            Case(layout, 64, 512, 8, minus_one=True, lengths=True, extra_topk=extra, sink=True),
+            Case(layout, 16, 2048, 256, minus_one=True, max_smem=SMALL_SMEM),
+            Case(layout, 32, 512, 64, minus_one=True, sink=True, max_smem=SMALL_SMEM),
+            Case(
+                layout, 128, 2048, 2, minus_one=True, lengths=True, sink=True, splits=37, max_smem=SMALL_SMEM
+            ),
+        ]
+    cases.append(
+        Case(
+            "v4_fp8", 64, 128, 64, minus_one=True, lengths=True, extra_topk=512, sink=True, extra_page_size=2
+        )
+    )
+    return cases
+
+
+@pytest.mark.parametrize("qk", FP8_QK)
+@pytest.mark.parametrize("case", _fp8_cases(), ids=str)
+def test_fp8_qk_matches_reference(sparse_mla: ModuleType, case: Case, qk: str) -> None:
+    args = _make_inputs(case, seed=zlib.crc32(str(case).encode()))
+    out, lse = sparse_mla.sparse_mla_decode(
+        **args, num_splits=case.splits, max_smem_bytes=case.max_smem, qk=qk
+    )
+    torch.cuda.synchronize()
+    plan = sparse_mla.plan(
+        args["q"], args["cache"], args["indices"], case.layout, max_smem_bytes=case.max_smem, qk=qk
+    )
+    assert plan.qk_mode == sparse_mla.QK_MODES[qk]
+    ref_out, ref_lse = _reference(args)
+    _assert_matches(out, lse, ref_out, ref_lse, TOLERANCES[qk])
+
+
+@pytest.mark.parametrize("qk", FP8_QK)
+@pytest.mark.parametrize("layout", ("v4_fp8", "v32_fp8"))
+def test_fp8_qk_one_valid_index_reproduces_the_row(sparse_mla: ModuleType, layout: str, qk: str) -> None:
+    """V4 exactly (its power-of-two scale moves into P exactly); V3.2 within one bf16 rounding (its
+    float32 scale is rounded to bf16 inside P)."""
+    spec = LAYOUTS[layout]
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    cache = random_cache(spec, 4, generator=gen, device="cuda")
+    codes = torch.tensor([0x01, 0x07, 0x81, 0x85, 0x00, 0x80, 0x7E, 0xFE], dtype=torch.uint8, device="cuda")
+    start = 17 * (576 if layout == "v4_fp8" else spec.record_bytes)
+    cache.view(4, -1)[2, start : start + 8] = codes
+    slot = 2 * PAGE_SIZE + 17
+    expected = unpack_cache(cache, spec)[slot, :512].to(torch.bfloat16).expand(3, 32, 512)
+    q = torch.randn(3, 32, spec.q_dim, generator=gen, device="cuda").to(torch.bfloat16)
+    indices = torch.full((3, 64), -1, dtype=torch.int32, device="cuda")
+    indices[:, 5] = slot
+    for max_smem in (0, SMALL_SMEM):
+        out, _ = sparse_mla.sparse_mla_decode(
+            q, cache, indices, softmax_scale=0.1, layout=layout, num_splits=1, max_smem_bytes=max_smem, qk=qk
+        )
+        if layout == "v4_fp8":
+            assert torch.equal(out, expected), (
+                f"max difference {(out.float() - expected.float()).abs().max()}"
+            )
+        else:
+            rel = (out.float() - expected.float()).abs() / expected.float().abs().clamp(min=1e-30)
+            assert float(rel[expected != 0].max()) <= 2.0**-7, f"worst relative difference {rel.max()}"
+            assert torch.equal(out[expected == 0], expected[expected == 0])
+
+
+def test_bf16_qk_stays_selectable(sparse_mla: ModuleType) -> None:
+    case = Case("v4_fp8", 64, 512, 8, minus_one=True, sink=True, max_smem=SMALL_SMEM)
+    args = _make_inputs(case, seed=17)
+    ref_out, ref_lse = _reference(args)
+    runs = {}
+    for qk in ("bf16", "fp8x2"):
+        plan = sparse_mla.plan(
+            args["q"], args["cache"], args["indices"], "v4_fp8", max_smem_bytes=SMALL_SMEM, qk=qk
+        )
+        assert sparse_mla.QK_NAMES[plan.qk_mode] == qk
+        runs[qk] = sparse_mla.sparse_mla_decode(**args, max_smem_bytes=SMALL_SMEM, qk=qk)
+        _assert_matches(*runs[qk], ref_out, ref_lse, TOLERANCES[qk])
+    assert not torch.equal(runs["bf16"][0], runs["fp8x2"][0]), "qk='bf16' and qk='fp8x2' ran the same kernel"
+    auto = sparse_mla.plan(args["q"], args["cache"], args["indices"], "v4_fp8", max_smem_bytes=SMALL_SMEM)
+    default = sparse_mla.QK_NAMES[auto.qk_mode]
+    assert torch.equal(sparse_mla.sparse_mla_decode(**args, max_smem_bytes=SMALL_SMEM)[0], runs[default][0])
+
+
+@pytest.mark.parametrize("qk", FP8_QK)
+@pytest.mark.parametrize("layout", ("v4_fp8", "v32_fp8"))
+def test_fp8_qk_gb10_plans_fit_its_shared_memory(sparse_mla: ModuleType, layout: str, qk: str) -> None:
+    for heads in (16, 32, 64, 128):
+        args = _make_inputs(Case(layout, heads, 512, 4), seed=heads)
+        plan = sparse_mla.plan(
+            args["q"], args["cache"], args["indices"], layout, max_smem_bytes=SMALL_SMEM, qk=qk
+        )
+        assert plan.smem_bytes <= SMALL_SMEM - 1024 and plan.qk_mode == sparse_mla.QK_MODES[qk]
+        assert heads % plan.heads_per_cta == 0
+
+
+def test_fp8_qk_is_deterministic_and_graph_capturable(sparse_mla: ModuleType) -> None:
+    args = _make_inputs(Case("v32_fp8", 32, 512, 3, minus_one=True, extra_topk=64, sink=True), seed=23)
+    first = sparse_mla.sparse_mla_decode(**args, qk="fp8x2")
+    second = sparse_mla.sparse_mla_decode(**args, qk="fp8x2")
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sparse_mla.sparse_mla_decode(**args, qk="fp8")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out, _ = sparse_mla.sparse_mla_decode(**args, qk="fp8")
+    graph_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, sparse_mla.sparse_mla_decode(**args, qk="fp8")[0])

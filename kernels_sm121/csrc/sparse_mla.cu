@@ -148,28 +148,47 @@ int fail_cuda(cudaError_t err, const char *what) {
 // ---------------------------------------------------------------------------------------------
 // Argument checks
 // ---------------------------------------------------------------------------------------------
+// The QK^T path that qk_mode AUTO runs on the fp8 layouts: BF16, the fastest measured on an H200
+// with GB10's shared-memory cap (bench/results/sparse_mla.md). There mma.sync on e4m3 is emulated
+// (f16 conversions + f16 mma); the e4m3 paths are for GB10's e4m3 tensor cores and stay opt-in
+// until they are measured on one.
+constexpr int kDefaultFp8Qk = SPARKSEAL_SPARSE_MLA_QK_BF16;
+
 struct LayoutInfo {
   int q_dim;
   int record_bytes;
-  const ConfigEntry *configs;
-  int num_configs;
   const char *name;
+  int default_qk;
+  // Configuration tables indexed by qk_mode (BF16, FP8, FP8X2; null where the layout has none).
+  const ConfigEntry *configs[4];
+  int num_configs[4];
 };
 
 bool layout_info(int layout, LayoutInfo *info) {
   switch (layout) {
     case SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8:
-      *info = {512, 584, kConfigsV4, kNumConfigsV4, "V4_FP8"};
+      *info = {512, 584, "V4_FP8", kDefaultFp8Qk,
+               {nullptr, kConfigsV4, kConfigsV4QkFp8, kConfigsV4QkFp8x2},
+               {0, kNumConfigsV4, kNumConfigsV4QkFp8, kNumConfigsV4QkFp8x2}};
       return true;
     case SPARKSEAL_SPARSE_MLA_LAYOUT_V32_FP8:
-      *info = {576, 656, kConfigsV32Fp8, kNumConfigsV32Fp8, "V32_FP8"};
+      *info = {576, 656, "V32_FP8", kDefaultFp8Qk,
+               {nullptr, kConfigsV32Fp8, kConfigsV32Fp8QkFp8, kConfigsV32Fp8QkFp8x2},
+               {0, kNumConfigsV32Fp8, kNumConfigsV32Fp8QkFp8, kNumConfigsV32Fp8QkFp8x2}};
       return true;
     case SPARKSEAL_SPARSE_MLA_LAYOUT_V32_BF16:
-      *info = {576, 1152, kConfigsV32Bf16, kNumConfigsV32Bf16, "V32_BF16"};
+      *info = {576, 1152, "V32_BF16", SPARKSEAL_SPARSE_MLA_QK_BF16,
+               {nullptr, kConfigsV32Bf16, nullptr, nullptr},
+               {0, kNumConfigsV32Bf16, 0, 0}};
       return true;
     default:
       return false;
   }
+}
+
+// qk_mode as run: AUTO resolved to the layout's default.
+int resolved_qk(const sparkseal_sparse_mla_params *p, const LayoutInfo &info) {
+  return p->qk_mode == SPARKSEAL_SPARSE_MLA_QK_AUTO ? info.default_qk : p->qk_mode;
 }
 
 bool aligned(const void *p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -190,7 +209,14 @@ int check_params(const sparkseal_sparse_mla_params *p, bool check_pointers, Layo
   if (p->num_caches != 1 && p->num_caches != 2) {
     return fail(kInvalid, "params.num_caches: expected 1 or 2, got %d", p->num_caches);
   }
-  if (p->reserved != 0) return fail(kInvalid, "params.reserved: expected 0, got %d", p->reserved);
+  if (p->qk_mode < SPARKSEAL_SPARSE_MLA_QK_AUTO || p->qk_mode > SPARKSEAL_SPARSE_MLA_QK_FP8X2) {
+    return fail(kInvalid, "params.qk_mode: expected 0 (AUTO), 1 (BF16), 2 (FP8) or 3 (FP8X2), got %d",
+                p->qk_mode);
+  }
+  if (info->configs[resolved_qk(p, *info)] == nullptr) {
+    return fail(kInvalid, "params.qk_mode: expected 0 (AUTO) or 1 (BF16) for layout %s (no fp8 records), got %d",
+                info->name, p->qk_mode);
+  }
   if (p->num_splits < 0) return fail(kInvalid, "params.num_splits: expected >= 0, got %d", p->num_splits);
   if (p->max_smem_bytes < 0) {
     return fail(kInvalid, "params.max_smem_bytes: expected >= 0, got %d", p->max_smem_bytes);
@@ -274,11 +300,13 @@ int check_params(const sparkseal_sparse_mla_params *p, bool check_pointers, Layo
 // ---------------------------------------------------------------------------------------------
 constexpr int kMaxDevices = 64;
 constexpr int kMaxEntries = 16;
-// Per device and configuration: 0 = shared-memory attribute not set yet, else CTAs per SM + 1.
-std::atomic<int> g_occupancy[3][kMaxDevices][kMaxEntries];
+// Per (layout, qk_mode), device and configuration: 0 = shared-memory attribute not set yet, else
+// CTAs per SM + 1.
+std::atomic<int> g_occupancy[3 * 4][kMaxDevices][kMaxEntries];
 
 struct Plan {
   const ConfigEntry *entry;
+  int qk_mode;
   int num_sms;
   int ctas_per_sm;
   int num_splits;
@@ -300,10 +328,13 @@ int make_plan(const sparkseal_sparse_mla_params *p, const LayoutInfo &info, Plan
   err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (err != cudaSuccess) return fail_cuda(err, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   const int limit = (p->max_smem_bytes > 0 && p->max_smem_bytes < optin) ? p->max_smem_bytes : optin;
+  const int qk = resolved_qk(p, info);
+  const ConfigEntry *configs = info.configs[qk];
+  const int num_configs = info.num_configs[qk];
 
   int chosen = -1;
-  for (int i = 0; i < info.num_configs; ++i) {
-    const ConfigEntry &e = info.configs[i];
+  for (int i = 0; i < num_configs; ++i) {
+    const ConfigEntry &e = configs[i];
     if (e.rows <= p->num_heads && p->num_heads % e.rows == 0 && e.smem_bytes <= limit) {
       chosen = i;
       break;
@@ -318,19 +349,20 @@ int make_plan(const sparkseal_sparse_mla_params *p, const LayoutInfo &info, Plan
   // configuration that follows in the table runs two CTAs per SM and beats the 64-key one
   // (measured on an H200: 197 against 253 us at 256 tokens x 2048 keys); with fewer tokens it
   // needs twice the splits, and the 64-key one keeps the lower latency.
-  if (chosen + 1 < info.num_configs) {
-    const ConfigEntry &cur = info.configs[chosen];
-    const ConfigEntry &next = info.configs[chosen + 1];
+  if (chosen + 1 < num_configs) {
+    const ConfigEntry &cur = configs[chosen];
+    const ConfigEntry &next = configs[chosen + 1];
     const int64_t tokens_x_groups = static_cast<int64_t>(p->num_tokens) * (p->num_heads / cur.rows);
     if (cur.rows == 16 && next.rows == 16 && next.keys_per_tile < cur.keys_per_tile &&
         next.smem_bytes <= limit && tokens_x_groups * 4 >= num_sms) {
       chosen += 1;
     }
   }
-  const ConfigEntry &e = info.configs[chosen];
+  const ConfigEntry &e = configs[chosen];
 
   int ctas_per_sm = 0;
-  std::atomic<int> *occ = (dev < kMaxDevices && chosen < kMaxEntries) ? &g_occupancy[p->layout][dev][chosen] : nullptr;
+  std::atomic<int> *occ =
+      (dev < kMaxDevices && chosen < kMaxEntries) ? &g_occupancy[p->layout * 4 + qk][dev][chosen] : nullptr;
   const int cached = occ != nullptr ? occ->load(std::memory_order_relaxed) : 0;
   if (cached > 0) {
     ctas_per_sm = cached - 1;
@@ -378,6 +410,7 @@ int make_plan(const sparkseal_sparse_mla_params *p, const LayoutInfo &info, Plan
   splits = (n_tiles + tps - 1) / tps;
 
   plan->entry = &e;
+  plan->qk_mode = qk;
   plan->num_sms = num_sms;
   plan->ctas_per_sm = ctas_per_sm;
   plan->num_splits = splits;
@@ -425,6 +458,7 @@ int sparkseal_sparse_mla_plan_decode(const sparkseal_sparse_mla_params *params, 
   plan->num_ctas = static_cast<int32_t>(pl.grid);
   plan->ctas_per_sm = pl.ctas_per_sm;
   plan->num_sms = pl.num_sms;
+  plan->qk_mode = pl.qk_mode;
   return SPARKSEAL_SPARSE_MLA_OK;
 }
 

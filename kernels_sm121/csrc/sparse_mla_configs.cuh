@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "sparse_mla_fp8qk.cuh"
 #include "sparse_mla_kernel.cuh"
 
 namespace sparkseal::sparse_mla {
@@ -34,6 +35,22 @@ ConfigEntry make_entry() {
                      &launch_decode<L, ROWS, NT, C, BUDGET>};
 }
 
+// The e4m3 QK^T kernel (sparse_mla_fp8qk.cuh); NQ = 1 (qk_mode FP8) or 2 (FP8X2).
+template <int L, int ROWS, int NT, int NQ, int BUDGET>
+cudaError_t launch_decode_fp8qk(const KernelArgs &args, int grid, cudaStream_t stream) {
+  using Cfg = Fp8Config<L, ROWS, NT, NQ, BUDGET>;
+  sparse_mla_decode_fp8qk_kernel<L, ROWS, NT, NQ, BUDGET><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <int L, int ROWS, int NT, int NQ, int BUDGET>
+ConfigEntry make_fp8qk_entry() {
+  using Cfg = Fp8Config<L, ROWS, NT, NQ, BUDGET>;
+  return ConfigEntry{ROWS, NT, Cfg::kThreads, Cfg::kSmem,
+                     reinterpret_cast<const void *>(&sparse_mla_decode_fp8qk_kernel<L, ROWS, NT, NQ, BUDGET>),
+                     &launch_decode_fp8qk<L, ROWS, NT, NQ, BUDGET>};
+}
+
 // Tables in order of preference: more heads per CTA first (fewer re-reads of each token's rows),
 // then the large-shared-memory configurations before the small ones.
 extern const ConfigEntry kConfigsV4[];
@@ -42,5 +59,14 @@ extern const ConfigEntry kConfigsV32Fp8[];
 extern const int kNumConfigsV32Fp8;
 extern const ConfigEntry kConfigsV32Bf16[];
 extern const int kNumConfigsV32Bf16;
+// The e4m3 QK^T tables of the two fp8 layouts: one e4m3 term of q (FP8) or two (FP8X2).
+extern const ConfigEntry kConfigsV4QkFp8[];
+extern const int kNumConfigsV4QkFp8;
+extern const ConfigEntry kConfigsV4QkFp8x2[];
+extern const int kNumConfigsV4QkFp8x2;
+extern const ConfigEntry kConfigsV32Fp8QkFp8[];
+extern const int kNumConfigsV32Fp8QkFp8;
+extern const ConfigEntry kConfigsV32Fp8QkFp8x2[];
+extern const int kNumConfigsV32Fp8QkFp8x2;
 
 }  // namespace sparkseal::sparse_mla

@@ -26,7 +26,13 @@ from sparkseal.runtime.sparse_mla_ref import LAYOUTS, V_DIM, Layout
 SUPPORTED_HEADS = (16, 32, 64, 128)
 # Slot ids are int32 in vLLM and in the kernel.
 _MAX_SLOTS = 2**31 - 1
-ABI_VERSION = 1
+ABI_VERSION = 2
+# QK^T paths (``qk=``; SPARKSEAL_SPARSE_MLA_QK_* in the C header): "auto" lets the library pick the
+# layout's measured default; "bf16" dequantises the fp8 records to bf16; "fp8" multiplies them on
+# e4m3 tensor cores with q quantised to e4m3 per token and head; "fp8x2" adds q's rounding residual
+# as a second e4m3 term (bf16-level accuracy).
+QK_MODES = {"auto": 0, "bf16": 1, "fp8": 2, "fp8x2": 3}
+QK_NAMES = {code: name for name, code in QK_MODES.items()}
 _WHERE = "sparkseal/runtime/sparse_mla.py: sparkseal::sparse_mla_decode"
 
 
@@ -146,6 +152,15 @@ def _check_lengths(name: str, lengths: torch.Tensor | None, num_tokens: int, dev
         raise _fail(f"{name}", "a contiguous tensor", f"strides {lengths.stride()}")
 
 
+def check_qk(qk: str, layout: Layout) -> int:
+    """The C header's code of QK^T path ``qk`` for ``layout``; the bf16 layout has no fp8 path."""
+    if qk not in QK_MODES:
+        raise _fail("qk", f"one of {sorted(QK_MODES)}", repr(qk))
+    if layout.cache_dtype != torch.uint8 and qk in ("fp8", "fp8x2"):
+        raise _fail("qk", f"'auto' or 'bf16' for layout {layout.name} (no fp8 records)", repr(qk))
+    return QK_MODES[qk]
+
+
 def check_inputs(
     q: torch.Tensor,
     cache: torch.Tensor,
@@ -157,6 +172,7 @@ def check_inputs(
     extra_indices: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    qk: str = "auto",
 ) -> DecodeSpec:
     """Validate the arguments of :func:`sparse_mla_decode`; raise ``ValueError`` naming the argument.
 
@@ -165,6 +181,7 @@ def check_inputs(
     if layout not in LAYOUTS:
         raise _fail("layout", f"one of {sorted(LAYOUTS)}", repr(layout))
     spec = LAYOUTS[layout]
+    check_qk(qk, spec)
     if q.dtype != torch.bfloat16:
         raise _fail("q.dtype", "torch.bfloat16", q.dtype)
     if q.dim() != 3 or q.shape[2] != spec.q_dim:
@@ -239,7 +256,7 @@ class _Params(ctypes.Structure):
         ("softmax_scale", ctypes.c_float),
         ("num_splits", ctypes.c_int32),
         ("max_smem_bytes", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("qk_mode", ctypes.c_int32),
     ]
 
 
@@ -256,6 +273,7 @@ class Plan(ctypes.Structure):
         ("num_ctas", ctypes.c_int32),
         ("ctas_per_sm", ctypes.c_int32),
         ("num_sms", ctypes.c_int32),
+        ("qk_mode", ctypes.c_int32),
     ]
 
 
@@ -298,6 +316,7 @@ def _fill_params(
     attn_sink: torch.Tensor | None,
     num_splits: int,
     max_smem_bytes: int,
+    qk: str,
 ) -> _Params:
     p = _Params()
     p.layout = spec.layout.code
@@ -324,6 +343,7 @@ def _fill_params(
     p.softmax_scale = float(softmax_scale)
     p.num_splits = num_splits
     p.max_smem_bytes = max_smem_bytes
+    p.qk_mode = QK_MODES[qk]
     return p
 
 
@@ -337,14 +357,17 @@ def plan(
     extra_indices: torch.Tensor | None = None,
     num_splits: int = 0,
     max_smem_bytes: int = 0,
+    qk: str = "auto",
 ) -> Plan:
     """The kernel configuration a call with these shapes launches on the current CUDA device."""
-    spec = check_inputs(q, cache, indices, 1.0, layout, extra_cache=extra_cache, extra_indices=extra_indices)
+    spec = check_inputs(
+        q, cache, indices, 1.0, layout, extra_cache=extra_cache, extra_indices=extra_indices, qk=qk
+    )
     lib = _library()
     caches = [(cache, indices, None)]
     if extra_cache is not None and extra_indices is not None:
         caches.append((extra_cache, extra_indices, None))
-    params = _fill_params(spec, q, caches, 1.0, None, num_splits, max_smem_bytes)
+    params = _fill_params(spec, q, caches, 1.0, None, num_splits, max_smem_bytes, qk)
     result = Plan()
     with torch.cuda.device(q.device):
         _raise_on_error(
@@ -367,6 +390,7 @@ def _sparse_mla_decode_op(
     layout: str,
     num_splits: int,
     max_smem_bytes: int,
+    qk: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     spec = check_inputs(
         q,
@@ -379,6 +403,7 @@ def _sparse_mla_decode_op(
         extra_indices,
         extra_topk_length,
         attn_sink,
+        qk,
     )
     out = torch.empty(spec.num_tokens, spec.num_heads, V_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(spec.num_tokens, spec.num_heads, dtype=torch.float32, device=q.device)
@@ -388,7 +413,7 @@ def _sparse_mla_decode_op(
     caches = [(cache, indices, topk_length)]
     if extra_cache is not None and extra_indices is not None:
         caches.append((extra_cache, extra_indices, extra_topk_length))
-    params = _fill_params(spec, q, caches, softmax_scale, attn_sink, num_splits, max_smem_bytes)
+    params = _fill_params(spec, q, caches, softmax_scale, attn_sink, num_splits, max_smem_bytes, qk)
     params.out = out.data_ptr()
     params.lse = lse.data_ptr()
     with torch.cuda.device(q.device):
@@ -420,6 +445,7 @@ def _sparse_mla_decode_fake(
     layout: str,
     num_splits: int,
     max_smem_bytes: int,
+    qk: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     spec = check_inputs(
         q,
@@ -432,6 +458,7 @@ def _sparse_mla_decode_fake(
         extra_indices,
         extra_topk_length,
         attn_sink,
+        qk,
     )
     out = q.new_empty(spec.num_tokens, spec.num_heads, V_DIM)
     lse = q.new_empty(spec.num_tokens, spec.num_heads, dtype=torch.float32)
@@ -452,6 +479,7 @@ def sparse_mla_decode(
     attn_sink: torch.Tensor | None = None,
     num_splits: int = 0,
     max_smem_bytes: int = 0,
+    qk: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse-MLA decode: ``(out bf16 [T, H, 512], lse float32 [T, H])``.
 
@@ -461,7 +489,9 @@ def sparse_mla_decode(
     limits each row to its first entries. ``extra_cache`` / ``extra_indices`` /
     ``extra_topk_length`` name a second cache of the same layout attended in the same softmax;
     ``attn_sink`` float32 ``[H]`` adds ``exp(sink)`` to the softmax denominator. ``num_splits``
-    (0 = automatic) and ``max_smem_bytes`` (0 = the device's limit) steer the kernel choice.
+    (0 = automatic) and ``max_smem_bytes`` (0 = the device's limit) steer the kernel choice; ``qk``
+    picks the QK^T path of the fp8 layouts (:data:`QK_MODES`: "auto" is the library's measured
+    default; "fp8" trades accuracy for speed, see ``bench/results/sparse_mla.md``).
     """
     check_inputs(
         q,
@@ -474,6 +504,7 @@ def sparse_mla_decode(
         extra_indices,
         extra_topk_length,
         attn_sink,
+        qk,
     )
     if num_splits < 0:
         raise _fail("num_splits", ">= 0", num_splits)
@@ -492,4 +523,5 @@ def sparse_mla_decode(
         layout,
         num_splits,
         max_smem_bytes,
+        qk,
     )

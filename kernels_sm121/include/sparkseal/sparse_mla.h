@@ -50,7 +50,20 @@
  *       page base + offset * 1152       : 512 bf16 NoPE values, then 64 bf16 RoPE values
  *     K = all 576 values; V = the first 512.
  *
- * Dequantised NoPE values are rounded to bf16 before the tensor-core products.
+ * QK^T paths (sparkseal_sparse_mla_params.qk_mode), for the fp8 layouts:
+ *   BF16  : dequantised NoPE values are rounded to bf16 before the tensor-core products (bf16 q).
+ *   FP8   : q's NoPE part is quantised to e4m3 per (token, head) with a float32 scale
+ *           (amax / 448) and multiplied on e4m3 tensor cores straight from the cache's fp8 values;
+ *           each group's fp32 partial sum is then scaled by the cache's scale of that group (V4:
+ *           ue8m0 per 64 values, V3.2: float32 per 128). The RoPE part stays bf16.
+ *   FP8X2 : as FP8 with q's NoPE part held as two e4m3 terms (the value and its rounding residual,
+ *           same scale), which keeps the bf16 path's accuracy at twice FP8's tensor-core work.
+ * In every path P V runs on bf16 tensor cores with P (the softmax weights) in bf16. The fp8 paths
+ * read V's fp8 values without a dequantised copy: each key's scale is folded into its bf16 P
+ * weights (P * scale * 2^56 for V3.2; P * 2^(byte - 71) for V4) and the products are taken back
+ * by 2^64 in float32, so V4 scale bytes above 198 (scales above 2^71) and V3.2 scales at or above
+ * 2^72 overflow there. AUTO is the path the library measured fastest (BF16, on an H200 with
+ * GB10's shared-memory cap: kernels_sm121/csrc/sparse_mla.cu); the bf16 layout always runs BF16.
  *
  * Alignment: q, the cache data and every page stride are 16-byte aligned; q's
  * rows (q_stride_head, q_stride_token) are multiples of 8 elements; out is
@@ -76,12 +89,18 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct below or a signature changes. */
-#define SPARKSEAL_SPARSE_MLA_ABI_VERSION 1
+#define SPARKSEAL_SPARSE_MLA_ABI_VERSION 2
 
 /* Cache layouts (sparkseal_sparse_mla_params.layout). */
 #define SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8 0
 #define SPARKSEAL_SPARSE_MLA_LAYOUT_V32_FP8 1
 #define SPARKSEAL_SPARSE_MLA_LAYOUT_V32_BF16 2
+
+/* QK^T paths (sparkseal_sparse_mla_params.qk_mode; see the top of this file). */
+#define SPARKSEAL_SPARSE_MLA_QK_AUTO 0
+#define SPARKSEAL_SPARSE_MLA_QK_BF16 1
+#define SPARKSEAL_SPARSE_MLA_QK_FP8 2
+#define SPARKSEAL_SPARSE_MLA_QK_FP8X2 3
 
 /* Output width (V) of every layout, and the lse of a row with no valid entry. */
 #define SPARKSEAL_SPARSE_MLA_V_DIM 512
@@ -127,7 +146,7 @@ typedef struct sparkseal_sparse_mla_params {
   int32_t num_splits;     /* top-k splits per (token, head group); 0 = chosen from the device */
   int32_t max_smem_bytes; /* 0 = the device's per-block limit; otherwise a lower cap used to pick the
                              kernel configuration (lets a large GPU run the small-memory ones) */
-  int32_t reserved;       /* must be 0 */
+  int32_t qk_mode;        /* SPARKSEAL_SPARSE_MLA_QK_*: 0 = the layout's default path */
 } sparkseal_sparse_mla_params;
 
 /* What sparkseal_sparse_mla_decode will launch for given params. */
@@ -141,6 +160,7 @@ typedef struct sparkseal_sparse_mla_plan {
   int32_t num_ctas;       /* CTAs of the main kernel */
   int32_t ctas_per_sm;
   int32_t num_sms;
+  int32_t qk_mode;        /* the QK^T path it runs: SPARKSEAL_SPARSE_MLA_QK_BF16, _FP8 or _FP8X2 */
 } sparkseal_sparse_mla_plan;
 
 /* SPARKSEAL_SPARSE_MLA_ABI_VERSION of the compiled library. */
