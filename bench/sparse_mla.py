@@ -374,8 +374,8 @@ def _speedup_lines(proxy: list[Row], before: list[Row]) -> list[str]:
         lo, lo_row = min(ratios, key=lambda t: t[0])
         hi, _ = max(ratios, key=lambda t: t[0])
         lines.append(
-            f"- {mode}: {lo:.2f}x to {hi:.2f}x (geometric mean {geo:.2f}x) over {len(ratios)} rows; slowest "
-            f"gain: {lo_row.layout} h={lo_row.heads} topk {lo_row.topk} batch {lo_row.batch}."
+            f"- {mode}: {lo:.2f}x to {hi:.2f}x (geometric mean {geo:.2f}x) over {len(ratios)} rows; lowest: "
+            f"{lo_row.layout} h={lo_row.heads} topk {lo_row.topk} batch {lo_row.batch}."
         )
     return lines
 
@@ -418,8 +418,9 @@ def _markdown(
             "",
             "## Accuracy against the float32 reference",
             "",
-            "bf16 q, the cache's records as stored (fp8 values with their scales, or bf16), against "
-            "`sparse_mla_decode_ref` in float32 on the same inputs (random latents, 20% of the indices -1).",
+            "bf16 q (the e4m3 QK^T paths quantise it inside the kernel), the cache's records as stored (fp8 "
+            "values with their scales, or bf16), against `sparse_mla_decode_ref` in float32 on the same "
+            "inputs (random latents, 20% of the indices -1).",
             "",
             *_accuracy_table(accuracy),
         ]
