@@ -198,7 +198,7 @@ def test_imports_flow_one_way() -> None:
 
 def test_the_import_check_names_an_upward_import() -> None:
     modules = {
-        Path("sparkseal/actions/oci_layer_scan.py"): "from sparkseal.audit.scan import scan_stream\n",
+        Path("sparkseal/actions/oci_layer.py"): "from sparkseal.audit.scan import scan_stream\n",
         Path("sparkseal/core/tar.py"): "import os\n\n\ndef f():\n    from sparkseal.runtime import verify\n",
         Path(
             "sparkseal/actions/sbom.py"
@@ -206,7 +206,7 @@ def test_the_import_check_names_an_upward_import() -> None:
         Path("sparkseal/fetch/series.py"): "from sparkseal.core.patchset import read_series\n",
     }
     assert import_violations(modules) == [
-        "sparkseal/actions/oci_layer_scan.py:1: imports sparkseal.audit.scan; sparkseal.actions may import "
+        "sparkseal/actions/oci_layer.py:1: imports sparkseal.audit.scan; sparkseal.actions may import "
         "only sparkseal.core",
         "sparkseal/actions/sbom.py:2: imports sparkseal.actions.oci_image; sparkseal.actions may import only "
         "sparkseal.core",

@@ -10,7 +10,8 @@ OciLayerInfo = provider(
         "blob": "File: the gzip-compressed layer",
         "descriptor": "File: JSON with diff_id, digest, mediaType and size",
         "tar": "File: the uncompressed layer, or None unless keep_tar",
-        "scan_report": "File: the layer's clean secret-scan report, or None when scan = False",
+        "scan_report": "File: the layer's clean secret-scan report (written by the layer's action), or " +
+                       "None when scan = False",
         "modules": "File: the module manifest of the layer's wheels (sparkseal/core/manifest.py), or None " +
                    "for a layer without wheels",
     },
@@ -98,49 +99,41 @@ def _oci_layer_impl(ctx):
     if tar:
         args.add("--tar", tar)
     args.add_all(["--blob", blob, "--descriptor", descriptor])
-    outputs = [f for f in (tar, blob, descriptor, modules) if f]
+
+    # The scan reads the layer's files where the action has them, before it writes anything; a layer
+    # with a finding fails and writes no output. The report is written only for a clean layer.
+    scan_report = ctx.actions.declare_file(ctx.label.name + ".scan.json") if ctx.attr.scan else None
+    tools = []
+    requirements = {"block-network": "1"}
+    if scan_report:
+        args.add_all(["--label", label_string(ctx.label), "--scan-report", scan_report])
+        args.add("--scanner", ctx.executable._scanner)
+        tools.append(ctx.executable._scanner)
+        if ctx.file.scan_allow:
+            args.add("--scan-allow", ctx.file.scan_allow)
+            inputs.append(ctx.file.scan_allow)
+
+        # The scanner binary is the one the secret_scanner repository fetched for this host's CPU; a
+        # remote worker of another CPU could not run it. The layer is still cached remotely.
+        requirements["no-remote-exec"] = "1"
+    outputs = [f for f in (tar, blob, descriptor, modules, scan_report) if f]
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
         inputs = inputs,
+        tools = tools,
         outputs = outputs,
         env = ACTION_ENV,
         mnemonic = "OciLayer",
-        progress_message = "Writing image layer %s" % ctx.label,
-        execution_requirements = {"block-network": "1"},
+        progress_message = "%s image layer %s" % ("Writing and scanning" if scan_report else "Writing", ctx.label),
+        execution_requirements = requirements,
     )
-    scan_report = _scan(ctx, blob) if ctx.attr.scan else None
+    layer_files = [f for f in (tar, blob, descriptor, modules) if f]
     return [
-        DefaultInfo(files = depset(outputs)),
+        DefaultInfo(files = depset(layer_files)),
         OciLayerInfo(blob = blob, descriptor = descriptor, tar = tar, scan_report = scan_report, modules = modules),
         OutputGroupInfo(scan = depset([scan_report] if scan_report else [])),
     ]
-
-def _scan(ctx, blob):
-    # A separate action, so that the scan of one layer runs beside the writing of the next one and is
-    # cached with the layer bytes it read. It writes its report only when the layer is clean.
-    report = ctx.actions.declare_file(ctx.label.name + ".scan.json")
-    args = ctx.actions.args()
-    args.add_all(["--blob", blob, "--layer", label_string(ctx.label), "--report", report])
-    args.add("--scanner", ctx.executable._scanner)
-    inputs = [blob]
-    if ctx.file.scan_allow:
-        args.add("--allow", ctx.file.scan_allow)
-        inputs.append(ctx.file.scan_allow)
-    ctx.actions.run(
-        executable = ctx.executable._scan_tool,
-        arguments = [args],
-        inputs = inputs,
-        tools = [ctx.executable._scanner],
-        outputs = [report],
-        env = ACTION_ENV,
-        mnemonic = "OciLayerScan",
-        # The scanner binary is the one the secret_scanner repository fetched for this host's CPU; a remote
-        # worker of another CPU could not run it. The result is still cached remotely.
-        execution_requirements = {"no-remote-exec": "1"},
-        progress_message = "Scanning image layer %s for secrets" % ctx.label,
-    )
-    return report
 
 oci_layer = rule(
     implementation = _oci_layer_impl,
@@ -205,7 +198,6 @@ module manifest list, so that no rank compiles a module at start-up.""",
             doc = "Allow-list of the scan (`.sparkseal-scan-allow.json`; paths are paths inside the image).",
         ),
         "_tool": tool("//sparkseal/actions:oci_layer"),
-        "_scan_tool": tool("//sparkseal/actions:oci_layer_scan"),
         # The maintained rule catalogue (Kingfisher), locked in //third_party/scan:scanner.lock.json.
         "_scanner": attr.label(
             default = Label("@secret_scanner//:kingfisher"),

@@ -27,6 +27,15 @@ torch and the CUDA wheels). With ``--bytecode`` the installed sources are byte-c
 (``sparkseal.core.bytecode``: reproducible unchecked-hash pycs, listed in each RECORD and so in the module
 manifest). The layer's bytes are those of the same wheels installed by ``wheel_install``
 and written as a tree.
+
+With ``--scanner`` the layer's files are scanned for secrets and private data (``sparkseal.core.scan``:
+our rules and the locked Kingfisher catalogue's) before anything is written, where they lie: the
+installed wheels in the scratch directory, the inputs through their sandbox links (the catalogue reads
+hard links to them). Reading them there costs a fraction of decompressing the written layer again. A
+finding the allow-list (``--scan-allow``, the image's: paths inside the image, entries for other layers
+expected not to match) does not cover fails the action: the findings are printed redacted and no
+output is written, so Bazel caches nothing for a layer that leaks. A clean layer also writes
+``--scan-report``, which names the scanner.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from sparkseal.core.catalogue import Catalogue, CatalogueError
 from sparkseal.core.determinism import (
     DIR_MODE,
     EXEC_MODE,
@@ -55,6 +65,7 @@ from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
+from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_files
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
 from sparkseal.core.wheels import PLATFORMS, WheelError
@@ -406,6 +417,31 @@ def plan_layer(
     return plan.entries()
 
 
+def scan_entries(
+    entries: Iterable[Entry], label: str, scanner: Path, allow: Path | None, workdir: Path
+) -> dict[str, object]:
+    """Scan the layer's files; return the clean report, or raise ``LayerError`` listing the findings."""
+    catalogue = Catalogue(scanner)
+    described = catalogue.describe()
+    allowed = load_allowlist(allow, catalogue) if allow is not None else []
+    files = ((entry.source, entry.path) for entry in entries if entry.kind == FILE and entry.source)
+    count, findings = scan_files(files, catalogue, label, workdir)
+    report = apply_allowlist(findings, allowed)
+    if not report.clean:
+        lines = "".join(f"\n  {finding.location()}: {finding.match}" for finding in report.findings)
+        raise LayerError(
+            f"layer {label}: expected no secrets or private data, found {len(report.findings)} "
+            f"(allow-list: {allow or 'none'}; add an entry with a reason if a match is not a secret):{lines}"
+        )
+    return {
+        "allowed": len(report.allowed),
+        "files": count,
+        "findings": 0,
+        "layer": label,
+        "scanner": described,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
     pair = {"action": "append", "nargs": 2, "default": []}
@@ -425,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     wheels.add_argument("--replaces", type=Path, help="JSON policy: which project may replace whose files")
     wheels.add_argument("--modules", type=Path, help="write the module manifest of the wheels' files here")
     wheels.add_argument("--bytecode", action="store_true", help="byte-compile the installed sources")
+    scan = parser.add_argument_group("scan", "scan the layer's files for secrets before writing it")
+    scan.add_argument("--scanner", type=Path, help="the locked kingfisher binary")
+    scan.add_argument("--scan-allow", type=Path, help="allow-list JSON (none: every finding fails)")
+    scan.add_argument("--scan-report", type=Path, help="JSON report to write when the layer is clean")
+    scan.add_argument("--label", default="layer", help="the layer's name in messages (its Bazel label)")
     parser.add_argument("--tar", type=Path, help="also write the uncompressed layer tar here")
     parser.add_argument("--blob", type=Path, required=True, help="gzip blob to write")
     parser.add_argument("--descriptor", type=Path, required=True, help="JSON descriptor to write")
@@ -437,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{', '.join(f for f in needed if f not in missing)} given without --wheel")
     if args.bytecode and not args.wheel:
         parser.error("--bytecode given without --wheel: only installed wheels are byte-compiled")
+    if (args.scanner is None) != (args.scan_report is None) or (args.scan_allow and not args.scanner):
+        parser.error("--scanner and --scan-report go together (--scan-allow needs them)")
+    scanned: dict[str, object] | None = None
     try:
         with contextlib.ExitStack() as stack:
             trees = [(Path(d), dest) for d, dest in args.tree]
@@ -468,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
                 directories=args.dir,
                 modes=[tuple(m) for m in args.mode],
             )
+            if args.scanner is not None:
+                # Beside the outputs, as the wheels' scratch: the scan's batches hard-link the files.
+                workdir = args.blob.parent
+                scanned = scan_entries(entries, args.label, args.scanner, args.scan_allow, workdir)
             digests: dict[Path, str] | None = {} if scratch is not None else None
             descriptor = write_layer(entries, args.tar, args.blob, digests)
             if scratch is not None and digests is not None:
@@ -479,7 +527,16 @@ def main(argv: list[str] | None = None) -> int:
                     if source.is_relative_to(venv)
                 }
                 modules = tree_manifest(scratch, args.venv, hashes)
-    except (LayerError, TarError, InstallError, WheelError, ManifestError, OSError) as exc:
+    except (
+        LayerError,
+        TarError,
+        InstallError,
+        WheelError,
+        ManifestError,
+        CatalogueError,
+        ScanInputError,
+        OSError,
+    ) as exc:
         for written in (args.blob, args.tar):
             if written is not None:
                 written.unlink(missing_ok=True)
@@ -487,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if modules is not None:
         args.modules.write_text(dumps(modules), encoding="ascii")
+    if scanned is not None:
+        args.scan_report.write_text(json.dumps(scanned, indent=2, sort_keys=True) + "\n", encoding="ascii")
     args.descriptor.write_text(json.dumps(descriptor, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return 0
 

@@ -35,7 +35,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -50,7 +50,6 @@ _MAX_LINE = 1 << 20  # a longer line (minified or binary data) is scanned in pie
 # Layer members are written to scratch space and handed to the catalogue in batches of about this many
 # bytes: one scanner start per batch, and scratch space bounded even for the torch layer.
 _BATCH_BYTES = 1 << 30
-_ARGS_PER_RUN = 2000  # files named on one scanner command line (well below the kernel's argument limit)
 
 
 class ScanInputError(Exception):
@@ -580,24 +579,87 @@ def _member_path(name: str) -> str:
     return name.removeprefix("./").lstrip("/")
 
 
+class _CatalogueBatches:
+    """Hands layer members to the catalogue in batches, each member at ``NNNNNN/<its file name>``.
+
+    The member's own path is never shown to the scanner: no member path can collide with another or
+    leave the scratch directory, and the scanner's path heuristics cannot skip a member (Kingfisher 2.14
+    silently skips files below ``lib/python3.*/``, where a venv's packages live, and ``node_modules/``).
+    ``NNNNNN`` is how many members of that file name came before in the batch, so a batch has as many
+    directories as its most frequent name (``__init__.py``), not one per member. A member that is a file
+    on the scratch directory's filesystem is hard-linked there (no bytes copied); anything else (a tar
+    member, a link, a file on another filesystem) is copied, one batch of about ``_BATCH_BYTES`` of
+    copies at a time.
+    """
+
+    def __init__(self, catalogue: Catalogue, layer: str | None, scratch: Path) -> None:
+        self.catalogue, self.layer = catalogue, layer
+        # Resolved once: the scanner reports the paths it was given, and they are looked up as given.
+        self.batch = scratch.resolve() / "batch"
+        self.names: dict[str, str] = {}
+        self.seen: Counter[str] = Counter()
+        self.size = 0
+        self.findings: list[Finding] = []
+
+    def _place(self, name: str) -> str:
+        base = name.rpartition("/")[2] or "member"
+        level = self.seen[base]
+        self.seen[base] += 1
+        directory = f"{self.batch}/{level:06d}"
+        if level == 0 or not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+        place = f"{directory}/{base}"
+        self.names[place] = name
+        return place
+
+    def add_copy(self, content: IO[bytes], name: str, size: int) -> Path:
+        """Copy ``content`` into the batch; return the copy (our rules read it there before a flush)."""
+        place = self._place(name)
+        with open(place, "wb") as out:
+            shutil.copyfileobj(content, out, _CHUNK)
+        self.size += size
+        return Path(place)
+
+    def bound(self) -> None:
+        """Scan the batch once it holds ``_BATCH_BYTES`` of copies (scratch space stays bounded)."""
+        if self.size >= _BATCH_BYTES:
+            self.flush()
+
+    def add_file(self, source: Path, name: str) -> None:
+        """Hard-link ``source`` into the batch; copy it when it is a link or no hard link can be made.
+
+        A link's target is copied, not linked: another hard link would change the target's ctime, which
+        makes Bazel hash an input again (the sandbox shows inputs as links).
+        """
+        place = self._place(name)
+        try:
+            if source.is_symlink():
+                raise OSError("copied, not linked")
+            os.link(source, place)
+        except OSError:
+            shutil.copyfile(source, place)
+            self.size += os.path.getsize(place)
+        self.bound()
+
+    def flush(self) -> None:
+        if self.names:
+            self.findings.extend(scan_with_catalogue(self.catalogue, [self.batch], self.names, self.layer))
+        shutil.rmtree(self.batch, ignore_errors=True)
+        self.names, self.seen, self.size = {}, Counter(), 0
+
+    def finish(self) -> list[Finding]:
+        self.flush()
+        return self.findings
+
+
 def scan_layer_stream(stream: IO[bytes], layer: str, catalogue: Catalogue) -> tuple[int, list[Finding]]:
     """Scan every regular file of one layer tar (any compression), streamed; return (files, findings).
 
-    Our rules read each member as it streams by; the catalogue reads copies in scratch space, one batch
-    of about ``_BATCH_BYTES`` at a time, each member at ``NNNNNN/<its file name>`` (so that no member
-    path can collide with another or leave the scratch directory).
+    Our rules read each member's scratch copy, which the catalogue then reads in its batch.
     """
     files, findings = 0, []
     with tempfile.TemporaryDirectory(prefix="sparkseal-layer-scan-") as scratch:
-        batch, names, size = Path(scratch) / "batch", {}, 0
-
-        def flush() -> None:
-            nonlocal names, size
-            if names:
-                findings.extend(scan_with_catalogue(catalogue, [batch], names, layer))
-            shutil.rmtree(batch, ignore_errors=True)
-            names, size = {}, 0
-
+        batches = _CatalogueBatches(catalogue, layer, Path(scratch))
         with tarfile.open(fileobj=stream, mode="r|*") as tar:
             for member in tar:
                 name = _member_path(member.name)
@@ -606,18 +668,38 @@ def scan_layer_stream(stream: IO[bytes], layer: str, catalogue: Catalogue) -> tu
                 content = tar.extractfile(member)
                 assert content is not None  # a regular member always has content
                 files += 1
-                copy = batch / f"{files:06d}" / (PurePosixPath(name).name or "member")
-                copy.parent.mkdir(parents=True)
-                with open(copy, "wb") as out:
-                    shutil.copyfileobj(content, out, _CHUNK)
+                copy = batches.add_copy(content, name, member.size)
                 with open(copy, "rb") as again:
                     findings.extend(scan_stream(name, again, layer))
-                names[str(copy.resolve())] = name
-                size += member.size
-                if size >= _BATCH_BYTES:
-                    flush()
-        flush()
+                batches.bound()
+        findings.extend(batches.finish())
     return files, sorted(findings, key=lambda f: (f.path, f.line or 0, f.rule))
+
+
+def scan_files(
+    files: Iterable[tuple[Path, str]],
+    catalogue: Catalogue,
+    layer: str | None = None,
+    workdir: Path | None = None,
+) -> tuple[int, list[Finding]]:
+    """Scan files where they lie: ``(source, name)`` pairs; return (files, findings), sorted.
+
+    The layer action calls this on the files it is about to write (named by their image paths), so the
+    scan reads them where they lie instead of decompressing the written layer again: its findings are
+    those ``scan_layer_stream`` reports for the written layer. The catalogue's batches hard-link the
+    files, so ``workdir`` (where the batches go) is best on the files' filesystem; elsewhere they are
+    copied.
+    """
+    count, findings = 0, []
+    with tempfile.TemporaryDirectory(prefix=".layer-scan-", dir=workdir) as scratch:
+        batches = _CatalogueBatches(catalogue, layer, Path(scratch))
+        for source, name in files:
+            count += 1
+            with open(source, "rb") as content:
+                findings.extend(scan_stream(name, content, layer))
+            batches.add_file(source, name)
+        findings.extend(batches.finish())
+    return count, sorted(findings, key=lambda f: (f.path, f.line or 0, f.rule))
 
 
 def scan_image(path: Path, catalogue: Catalogue) -> tuple[int, list[Finding]]:
@@ -677,14 +759,9 @@ def run_scan(
         files = [(file.as_posix(), file) for path in paths for file in _walk(path)]
     elif image is None:
         files = [(name, root / name) for name in repository_files(root)]
-    for name, file in files:
-        with open(file, "rb") as stream:
-            findings.extend(scan_stream(name, stream))
-    report.files += len(files)
-    for start in range(0, len(files), _ARGS_PER_RUN):
-        part = files[start : start + _ARGS_PER_RUN]
-        names = {str(file.resolve()): name for name, file in part}
-        findings.extend(scan_with_catalogue(catalogue, [file for _, file in part], names))
+    scanned, found = scan_files([(file, name) for name, file in files], catalogue)
+    report.files += scanned
+    findings.extend(found)
     findings.sort(key=lambda f: (f.path, f.line or 0, f.rule))
     if image is not None:
         image_files, image_findings = scan_image(image, catalogue)
