@@ -84,40 +84,34 @@ def _run(image: str, *command: str, entrypoint: str | None = None) -> subprocess
     return subprocess.run([*args, image, *command], capture_output=True, text=True, timeout=600, check=False)
 
 
-def test_vllm_and_sparkseal_import_and_the_patch_is_the_one_imported(loaded_image: str) -> None:
-    script = (
-        "import importlib.util, vllm, sparkseal\n"
+def test_imports_load_our_patch_and_the_shipped_bytecode(loaded_image: str) -> None:
+    """vLLM and sparkseal import; the speculator imported is our patched one; nothing is compiled.
+
+    One container start for both checks: under qemu each ``import vllm`` costs about a minute. Every module
+    compiled from source during the imports is recorded; with the layers' pycs (the venv's and the
+    standard library's) there is none.
+    """
+    script = PROBE + (
+        "import importlib.util, sys, vllm, torch, sparkseal\n"
         f"spec = importlib.util.find_spec({SPECULATOR!r})\n"
         "source = open(spec.origin).read()\n"
-        "print('RESULT', vllm.__version__, spec.origin, 'fill_(-1)' in source and 'torch.full(' in source)\n"
+        "patched = 'fill_(-1)' in source and 'torch.full(' in source\n"
+        "flags = int.from_bytes(open(torch.__cached__, 'rb').read(8)[4:8], 'little')\n"
+        "loaded = len([m for m in sys.modules.values() if getattr(m, '__cached__', None)])\n"
+        "print('RESULT', vllm.__version__, spec.origin, patched, sys.prefix, loaded, len(compiled), flags,"
+        " compiled[:3])\n"
     )
     done = _run(loaded_image, "-c", script, entrypoint="/opt/venv/bin/python3")
     assert done.returncode == 0, done.stderr[-4000:]
     # vLLM logs to stdout while it imports; the answer is the one line marked RESULT.
-    results = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    results = [line.split(maxsplit=8)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(results) == 1, done.stdout[-4000:]
-    version, origin, patched = results[0]
+    version, origin, patched, prefix, loaded, from_source, flags, examples = results[0]
     assert version == LOCK["version"]
     assert (
         origin == "/opt/venv/lib/python3.11/site-packages/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
     )
     assert patched == "True"
-
-
-def test_imports_load_the_shipped_bytecode_and_compile_nothing(loaded_image: str) -> None:
-    # Every module compiled from source during the import is recorded: with the layers' pycs (the venv's
-    # and the standard library's), there is none.
-    script = PROBE + (
-        "import sys, vllm, torch\n"
-        "flags = int.from_bytes(open(torch.__cached__, 'rb').read(8)[4:8], 'little')\n"
-        "loaded = len([m for m in sys.modules.values() if getattr(m, '__cached__', None)])\n"
-        "print('RESULT', sys.prefix, loaded, len(compiled), flags, compiled[:3])\n"
-    )
-    done = _run(loaded_image, "-c", script, entrypoint="/opt/venv/bin/python3")
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = [line.split(maxsplit=5)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(results) == 1, done.stdout[-4000:]
-    prefix, loaded, from_source, flags, examples = results[0]
     assert prefix == "/opt/venv" and int(loaded) > 1000  # vLLM and torch import well over a thousand modules
     assert (from_source, examples) == ("0", "[]")
     assert flags == "1"  # PEP 552: hash-based, unchecked
@@ -132,6 +126,10 @@ def test_manifest_check_passes_inside_the_image(loaded_image: str) -> None:
 
 def test_serve_refuses_an_image_whose_torch_differs(loaded_image: str) -> None:
     """An image derived from ours with one torch file changed: the entrypoint names it and exits 1."""
+    if loaded_image.endswith("-linux_aarch64"):
+        # The refusal is the same Python on both images (the arm64 image's own check passes in
+        # test_manifest_check_passes_inside_the_image); under qemu a second start costs over a minute.
+        pytest.skip("the refusal of a changed module is checked on the linux/amd64 image (native)")
     changed = "/opt/venv/lib/python3.11/site-packages/torch/version.py"
     name = f"sparkseal-derive-{os.getpid()}"
     derived = f"localhost/sparkseal/derived:{os.getpid()}"
