@@ -138,6 +138,23 @@ def test_two_installs_are_identical(tmp_path: Path, installer_wheel: Path) -> No
 
 
 @pytest.mark.network
+def test_bytecode_shipped_in_a_wheel_is_left_out_without_a_warning(
+    tmp_path: Path, installer_wheel: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    """As pip does, a wheel's own pycs are not installed; the build log gets no warning per file."""
+    files = {"gen/tool.py": b"X = 1\n", "gen/__pycache__/tool.cpython-311.pyc": b"\x00" * 16}
+    (tmp_path / "w").mkdir()
+    wheel = make_wheel(tmp_path / "w", "gen", "1.0", files=files)
+    out = tmp_path / "out"
+    install_wheels([wheel], out, "linux_aarch64", installer_wheel)
+    site = out / "opt/venv/lib/python3.11/site-packages"
+    assert (site / "gen/tool.py").is_file()
+    assert not (site / "gen/__pycache__").exists()
+    assert "gen/__pycache__/tool.cpython-311.pyc" not in (site / "gen-1.0.dist-info/RECORD").read_text()
+    assert [str(w.message) for w in recwarn] == []
+
+
+@pytest.mark.network
 def test_two_wheels_writing_one_file_are_named(tmp_path: Path, installer_wheel: Path) -> None:
     one = make_wheel(tmp_path, "one", "1.0", files={"shared/mod.py": b"A = 1\n"})
     two = make_wheel(tmp_path, "two", "1.0", files={"shared/mod.py": b"A = 2\n"})

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import sys
+import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -140,7 +141,14 @@ def _install_one(installer: Any, destination: Any, wheel: Path, prefix: str) -> 
             # Names and RECORD syntax only: the whole file's sha256 is locked, and zipfile checks each
             # member's CRC while it is unpacked.
             source.validate_record(validate_contents=False)
-            installer.install(source, destination, {"INSTALLER": INSTALLER_NAME})
+            with warnings.catch_warnings():
+                # installer leaves out the bytecode a wheel ships in __pycache__ (numpy's does), as pip
+                # does, and warns for each file: in a build log that reads like a failure. The image's
+                # pycs are compiled from the installed sources (sparkseal.core.bytecode).
+                warnings.filterwarnings(
+                    "ignore", message=r"Skip installing .*__pycache__", category=RuntimeWarning
+                )
+                installer.install(source, destination, {"INSTALLER": INSTALLER_NAME})
     except InstallError:
         raise
     # installer asserts on malformed entry points; ValueError covers bad RECORD rows and unsafe paths.
