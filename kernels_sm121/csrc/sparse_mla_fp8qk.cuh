@@ -250,53 +250,12 @@ __global__ void __launch_bounds__(256, 1) sparse_mla_decode_fp8qk_kernel(const K
   const int token = bid / args.num_splits;
   const int head0 = hg * ROWS;
 
-  // This CTA's tiles (as in the bf16 kernel).
-  TileRange tr;
-  {
-    const int j0 = split * args.tiles_per_split;
-    const int total = args.cache[0].num_tiles + (args.num_caches > 1 ? args.cache[1].num_tiles : 0);
-    int j1 = j0 + args.tiles_per_split;
-    j1 = j1 < total ? j1 : total;
-    const int e0 = (row_length(args.cache[0], token) + NT - 1) / NT;
-    const int a0 = j0, a1 = j1 < e0 ? j1 : e0;
-    tr.a_begin = a0;
-    tr.a_count = a1 > a0 ? a1 - a0 : 0;
-    tr.b_begin = 0;
-    tr.b_count = 0;
-    if (args.num_caches > 1) {
-      const int n0 = args.cache[0].num_tiles;
-      const int e1 = (row_length(args.cache[1], token) + NT - 1) / NT;
-      const int b0 = (j0 > n0 ? j0 : n0) - n0;
-      int b1 = j1 - n0;
-      b1 = b1 < e1 ? b1 : e1;
-      tr.b_begin = b0;
-      tr.b_count = b1 > b0 ? b1 - b0 : 0;
-    }
-  }
-  const int num_tiles = tr.a_count + tr.b_count;
-  const int len0 = row_length(args.cache[0], token);
-  const int len1 = args.num_caches > 1 ? row_length(args.cache[1], token) : 0;
-
-  auto tile_source = [&](int i, int &which, int &pos0, int &len) {
-    const bool second = i >= tr.a_count;
-    which = second ? 1 : 0;
-    pos0 = (second ? tr.b_begin + (i - tr.a_count) : tr.a_begin + i) * NT;
-    len = second ? len1 : len0;
-  };
-  auto load_slot = [&](int i, int key) -> int {
-    int which, pos0, len;
-    tile_source(i, which, pos0, len);
-    const CacheArgs &c = args.cache[which];
-    return __ldg(c.indices + static_cast<int64_t>(token) * c.indices_stride + pos0 + key);
-  };
-  auto locate = [&](int i, int key, int slot) -> int2 {
-    int which, pos0, len;
-    tile_source(i, which, pos0, len);
-    const CacheArgs &c = args.cache[which];
-    if (pos0 + key >= len || slot < 0 || static_cast<int64_t>(slot) >= c.num_slots) return make_int2(-1, 0);
-    const int page = slot / c.page_size;
-    return make_int2(page, slot - page * c.page_size);
-  };
+  // This CTA's tiles and where each comes from (as in the bf16 kernel).
+  const TileCursor<NT> tiles(args, token, split);
+  const int num_tiles = tiles.num_tiles();
+  auto tile_source = [&](int i, int &which, int &pos0, int &len) { tiles.source(i, which, pos0, len); };
+  auto load_slot = [&](int i, int key) -> int { return tiles.load_slot(i, key); };
+  auto locate = [&](int i, int key, int slot) -> int2 { return tiles.locate(i, key, slot); };
 
   constexpr int kTPK = Cfg::kTPK;
   const int ckey = warp * Cfg::kKPW + lane % Cfg::kKPW;

@@ -331,6 +331,68 @@ __device__ __forceinline__ int row_length(const CacheArgs &c, int token) {
   return len;
 }
 
+// One CTA's tiles of one token's rows (split `split` of the concatenated tile list) and where each
+// comes from: shared by the bf16 and the e4m3 QK^T kernels.
+template <int NT>
+struct TileCursor {
+  const KernelArgs &args;
+  int token;
+  TileRange tr;
+  int len0, len1;
+
+  __device__ __forceinline__ TileCursor(const KernelArgs &a, int tok, int split) : args(a), token(tok) {
+    const int j0 = split * args.tiles_per_split;
+    const int total = args.cache[0].num_tiles + (args.num_caches > 1 ? args.cache[1].num_tiles : 0);
+    int j1 = j0 + args.tiles_per_split;
+    j1 = j1 < total ? j1 : total;
+    len0 = row_length(args.cache[0], token);
+    len1 = args.num_caches > 1 ? row_length(args.cache[1], token) : 0;
+    const int e0 = (len0 + NT - 1) / NT;
+    const int a0 = j0, a1 = j1 < e0 ? j1 : e0;
+    tr.a_begin = a0;
+    tr.a_count = a1 > a0 ? a1 - a0 : 0;
+    tr.b_begin = 0;
+    tr.b_count = 0;
+    if (args.num_caches > 1) {
+      const int n0 = args.cache[0].num_tiles;
+      const int e1 = (len1 + NT - 1) / NT;
+      const int b0 = (j0 > n0 ? j0 : n0) - n0;
+      int b1 = j1 - n0;
+      b1 = b1 < e1 ? b1 : e1;
+      tr.b_begin = b0;
+      tr.b_count = b1 > b0 ? b1 - b0 : 0;
+    }
+  }
+
+  __device__ __forceinline__ int num_tiles() const { return tr.a_count + tr.b_count; }
+
+  // Where tile ordinal `i` comes from: which cache, its first row position, the row's length.
+  __device__ __forceinline__ void source(int i, int &which, int &pos0, int &len) const {
+    const bool second = i >= tr.a_count;
+    which = second ? 1 : 0;
+    pos0 = (second ? tr.b_begin + (i - tr.a_count) : tr.a_begin + i) * NT;
+    len = second ? len1 : len0;
+  }
+
+  // Index of key `key` of tile `i` (a global load; issued one iteration before it is needed).
+  __device__ __forceinline__ int load_slot(int i, int key) const {
+    int which, pos0, len;
+    source(i, which, pos0, len);
+    const CacheArgs &c = args.cache[which];
+    return __ldg(c.indices + static_cast<int64_t>(token) * c.indices_stride + pos0 + key);
+  }
+
+  // (page, offset in page) of key `key` of tile `i`, or page -1 when the entry is not valid.
+  __device__ __forceinline__ int2 locate(int i, int key, int slot) const {
+    int which, pos0, len;
+    source(i, which, pos0, len);
+    const CacheArgs &c = args.cache[which];
+    if (pos0 + key >= len || slot < 0 || static_cast<int64_t>(slot) >= c.num_slots) return make_int2(-1, 0);
+    const int page = slot / c.page_size;
+    return make_int2(page, slot - page * c.page_size);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The main kernel
 // ---------------------------------------------------------------------------------------------
@@ -371,56 +433,12 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   const int token = bid / args.num_splits;
   const int head0 = hg * ROWS;
 
-  // This CTA's tiles.
-  TileRange tr;
-  {
-    const int j0 = split * args.tiles_per_split;
-    const int total = args.cache[0].num_tiles + (args.num_caches > 1 ? args.cache[1].num_tiles : 0);
-    int j1 = j0 + args.tiles_per_split;
-    j1 = j1 < total ? j1 : total;
-    const int e0 = (row_length(args.cache[0], token) + NT - 1) / NT;
-    const int a0 = j0, a1 = j1 < e0 ? j1 : e0;
-    tr.a_begin = a0;
-    tr.a_count = a1 > a0 ? a1 - a0 : 0;
-    tr.b_begin = 0;
-    tr.b_count = 0;
-    if (args.num_caches > 1) {
-      const int n0 = args.cache[0].num_tiles;
-      const int e1 = (row_length(args.cache[1], token) + NT - 1) / NT;
-      const int b0 = (j0 > n0 ? j0 : n0) - n0;
-      int b1 = j1 - n0;
-      b1 = b1 < e1 ? b1 : e1;
-      tr.b_begin = b0;
-      tr.b_count = b1 > b0 ? b1 - b0 : 0;
-    }
-  }
-  const int num_tiles = tr.a_count + tr.b_count;
-  const int len0 = row_length(args.cache[0], token);
-  const int len1 = args.num_caches > 1 ? row_length(args.cache[1], token) : 0;
-
-  // Where tile ordinal `i` comes from: which cache, its first row position, the row's length.
-  auto tile_source = [&](int i, int &which, int &pos0, int &len) {
-    const bool second = i >= tr.a_count;
-    which = second ? 1 : 0;
-    pos0 = (second ? tr.b_begin + (i - tr.a_count) : tr.a_begin + i) * NT;
-    len = second ? len1 : len0;
-  };
-  // Index of key `key` of tile `i` (a global load; issued one iteration before it is needed).
-  auto load_slot = [&](int i, int key) -> int {
-    int which, pos0, len;
-    tile_source(i, which, pos0, len);
-    const CacheArgs &c = args.cache[which];
-    return __ldg(c.indices + static_cast<int64_t>(token) * c.indices_stride + pos0 + key);
-  };
-  // (page, offset in page) of key `key` of tile `i`, or page -1 when the entry is not valid.
-  auto locate = [&](int i, int key, int slot) -> int2 {
-    int which, pos0, len;
-    tile_source(i, which, pos0, len);
-    const CacheArgs &c = args.cache[which];
-    if (pos0 + key >= len || slot < 0 || static_cast<int64_t>(slot) >= c.num_slots) return make_int2(-1, 0);
-    const int page = slot / c.page_size;
-    return make_int2(page, slot - page * c.page_size);
-  };
+  // This CTA's tiles and where each comes from.
+  const TileCursor<NT> tiles(args, token, split);
+  const int num_tiles = tiles.num_tiles();
+  auto tile_source = [&](int i, int &which, int &pos0, int &len) { tiles.source(i, which, pos0, len); };
+  auto load_slot = [&](int i, int key) -> int { return tiles.load_slot(i, key); };
+  auto locate = [&](int i, int key, int slot) -> int2 { return tiles.locate(i, key, slot); };
 
   // This thread's key and part in the copy and dequantisation of a tile: kTPK threads per key.
   constexpr int kTPK = Cfg::kTPK;
