@@ -253,7 +253,6 @@ __global__ void __launch_bounds__(256, 1) sparse_mla_decode_fp8qk_kernel(const K
   // This CTA's tiles and where each comes from (as in the bf16 kernel).
   const TileCursor<NT> tiles(args, token, split);
   const int num_tiles = tiles.num_tiles();
-  auto tile_source = [&](int i, int &which, int &pos0, int &len) { tiles.source(i, which, pos0, len); };
   auto load_slot = [&](int i, int key) -> int { return tiles.load_slot(i, key); };
   auto locate = [&](int i, int key, int slot) -> int2 { return tiles.locate(i, key, slot); };
 
@@ -262,26 +261,8 @@ __global__ void __launch_bounds__(256, 1) sparse_mla_decode_fp8qk_kernel(const K
   const int csub = lane / Cfg::kKPW;
 
   auto issue_tile = [&](int i, int stage, int2 loc) {
-    int which, pos0, len;
-    tile_source(i, which, pos0, len);
-    const CacheArgs &c = args.cache[which];
-    const bool valid = loc.x >= 0;
-    const uint8_t *page_base = c.data + static_cast<int64_t>(valid ? loc.x : 0) * c.page_stride;
-    const uint8_t *src = page_base + static_cast<int64_t>(loc.y) * LT::kDataBytes;
-    const uint32_t dst = smem_addr(raw_base + stage * Cfg::kRawBytes + ckey * kStride);
-    if (csub == 0) stage_valid_base[stage * Cfg::kStageValidBytes + ckey] = valid ? 1 : 0;
-    constexpr int kData16 = Cfg::kV4 ? LT::kCopyChunks - 1 : LT::kCopyChunks;
-#pragma unroll
-    for (int j = 0; j < (kData16 + kTPK - 1) / kTPK; ++j) {
-      const int part = j * kTPK + csub;
-      if (kData16 % kTPK == 0 || part < kData16) cp_async_16(dst + part * 16, src + part * 16, valid);
-    }
-    if constexpr (Cfg::kV4) {
-      if (csub == kTPK - 1) {
-        cp_async_8(dst + LT::kDataBytes,
-                   page_base + static_cast<int64_t>(c.page_size) * LT::kDataBytes + loc.y * 8, valid);
-      }
-    }
+    tiles.template issue_record<L, kTPK>(i, loc, raw_base + stage * Cfg::kRawBytes,
+                                         stage_valid_base + stage * Cfg::kStageValidBytes, ckey, csub);
   };
 
   // ---- Prologue: q's RoPE values and the first kStages - 1 tiles in flight, then q's NoPE

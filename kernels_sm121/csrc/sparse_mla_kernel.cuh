@@ -391,6 +391,36 @@ struct TileCursor {
     const int page = slot / c.page_size;
     return make_int2(page, slot - page * c.page_size);
   }
+
+  // Issue part `part` (of TPK threads per key) of the cp.async copies of key `key`'s record of tile `i`
+  // into a staging buffer (`raw`: its records, `valid_flags`: its keys' flags), from the key's (page,
+  // offset) `loc`; an invalid row is zero-filled and never read.
+  template <int L, int TPK>
+  __device__ __forceinline__ void issue_record(int i, int2 loc, uint8_t *raw, uint8_t *valid_flags, int key,
+                                               int part) const {
+    using LT = LayoutTraits<L>;
+    int which, pos0, len;
+    source(i, which, pos0, len);
+    const CacheArgs &c = args.cache[which];
+    const bool valid = loc.x >= 0;
+    const uint8_t *page_base = c.data + static_cast<int64_t>(valid ? loc.x : 0) * c.page_stride;
+    const uint8_t *src = page_base + static_cast<int64_t>(loc.y) * LT::kDataBytes;
+    const uint32_t dst = smem_addr(raw + key * LT::kRawStride);
+    if (part == 0) valid_flags[key] = valid ? 1 : 0;
+    constexpr bool kV4 = L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8;
+    constexpr int kData16 = kV4 ? LT::kCopyChunks - 1 : LT::kCopyChunks;  // 16-byte chunks
+#pragma unroll
+    for (int j = 0; j < (kData16 + TPK - 1) / TPK; ++j) {
+      const int chunk = j * TPK + part;
+      if (kData16 % TPK == 0 || chunk < kData16) cp_async_16(dst + chunk * 16, src + chunk * 16, valid);
+    }
+    if constexpr (kV4) {
+      if (part == TPK - 1) {  // the record's ue8m0 scales, stored after the page's data
+        cp_async_8(dst + LT::kDataBytes,
+                   page_base + static_cast<int64_t>(c.page_size) * LT::kDataBytes + loc.y * 8, valid);
+      }
+    }
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -436,7 +466,6 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   // This CTA's tiles and where each comes from.
   const TileCursor<NT> tiles(args, token, split);
   const int num_tiles = tiles.num_tiles();
-  auto tile_source = [&](int i, int &which, int &pos0, int &len) { tiles.source(i, which, pos0, len); };
   auto load_slot = [&](int i, int key) -> int { return tiles.load_slot(i, key); };
   auto locate = [&](int i, int key, int slot) -> int2 { return tiles.locate(i, key, slot); };
 
@@ -448,27 +477,8 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   // Issue this thread's cp.async copies of its key of tile ordinal `i` into staging buffer
   // `stage`, from the key's (page, offset) `loc` (zero-filling an invalid row, never read).
   auto issue_tile = [&](int i, int stage, int2 loc) {
-    int which, pos0, len;
-    tile_source(i, which, pos0, len);
-    const CacheArgs &c = args.cache[which];
-    const bool valid = loc.x >= 0;
-    const uint8_t *page_base = c.data + static_cast<int64_t>(valid ? loc.x : 0) * c.page_stride;
-    const uint8_t *src = page_base + static_cast<int64_t>(loc.y) * LT::kDataBytes;
-    const uint32_t dst = smem_addr(raw_base + stage * Cfg::kRawBytes + ckey * LT::kRawStride);
-    if (csub == 0) stage_valid_base[stage * Cfg::kStageValidBytes + ckey] = valid ? 1 : 0;
-    constexpr bool kV4 = L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8;
-    constexpr int kData16 = kV4 ? LT::kCopyChunks - 1 : LT::kCopyChunks;  // 16-byte chunks
-#pragma unroll
-    for (int j = 0; j < (kData16 + kTPK - 1) / kTPK; ++j) {
-      const int part = j * kTPK + csub;
-      if (kData16 % kTPK == 0 || part < kData16) cp_async_16(dst + part * 16, src + part * 16, valid);
-    }
-    if constexpr (kV4) {
-      if (csub == kTPK - 1) {
-        cp_async_8(dst + LT::kDataBytes,
-                   page_base + static_cast<int64_t>(c.page_size) * LT::kDataBytes + loc.y * 8, valid);
-      }
-    }
+    tiles.template issue_record<L, kTPK>(i, loc, raw_base + stage * Cfg::kRawBytes,
+                                         stage_valid_base + stage * Cfg::kStageValidBytes, ckey, csub);
   };
 
   // Dequantise this thread's parts of its key of staging buffer `stage` into the bf16 K tile
