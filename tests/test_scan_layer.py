@@ -166,6 +166,23 @@ def test_files_where_they_lie_give_the_findings_of_the_written_layer(tmp_path: P
     assert all((root / rel).read_bytes() == data for rel, data in files.items())
 
 
+def test_members_of_one_file_name_are_each_found_by_their_path(tmp_path: Path) -> None:
+    """A batch holds many files of one name (``__init__.py``): each finding keeps its own member's path."""
+    names = [f"{SITE}/{pkg}/__init__.py" for pkg in ("a", "b", "c")]
+    pairs = []
+    for i, rel in enumerate(names):
+        source = tmp_path / "root" / rel
+        source.parent.mkdir(parents=True)
+        source.write_text(f"TOKEN = '{HF}'\n" if i != 1 else "X = 1\n")
+        pairs.append((source, rel))
+    count, findings = scan.scan_files(pairs, SCANNER, "l", tmp_path)
+    assert count == 3
+    assert [(f.path, f.rule) for f in findings] == [
+        (names[0], "betterleaks.huggingface-access-token"),
+        (names[2], "betterleaks.huggingface-access-token"),
+    ]
+
+
 def test_bad_scan_arguments_and_allow_lists_are_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

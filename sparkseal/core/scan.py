@@ -598,6 +598,7 @@ class _CatalogueBatches:
         self.batch = scratch.resolve() / "batch"
         self.names: dict[str, str] = {}
         self.seen: Counter[str] = Counter()
+        self.levels = 0  # directories made in this batch: 000000 .. levels - 1
         self.size = 0
         self.findings: list[Finding] = []
 
@@ -606,8 +607,9 @@ class _CatalogueBatches:
         level = self.seen[base]
         self.seen[base] += 1
         directory = f"{self.batch}/{level:06d}"
-        if level == 0 or not os.path.isdir(directory):
-            os.makedirs(directory, exist_ok=True)
+        if level == self.levels:  # a name reaches level k only after level k - 1: made in order
+            os.makedirs(directory)
+            self.levels += 1
         place = f"{directory}/{base}"
         self.names[place] = name
         return place
@@ -632,20 +634,21 @@ class _CatalogueBatches:
         makes Bazel hash an input again (the sandbox shows inputs as links).
         """
         place = self._place(name)
-        try:
-            if source.is_symlink():
-                raise OSError("copied, not linked")
-            os.link(source, place)
-        except OSError:
-            shutil.copyfile(source, place)
-            self.size += os.path.getsize(place)
+        if not source.is_symlink():
+            try:
+                os.link(source, place)
+                return
+            except OSError:
+                pass  # another filesystem, or links not allowed there: copied below
+        shutil.copyfile(source, place)
+        self.size += os.path.getsize(place)
         self.bound()
 
     def flush(self) -> None:
         if self.names:
             self.findings.extend(scan_with_catalogue(self.catalogue, [self.batch], self.names, self.layer))
         shutil.rmtree(self.batch, ignore_errors=True)
-        self.names, self.seen, self.size = {}, Counter(), 0
+        self.names, self.seen, self.levels, self.size = {}, Counter(), 0, 0
 
     def finish(self) -> list[Finding]:
         self.flush()
@@ -759,10 +762,9 @@ def run_scan(
         files = [(file.as_posix(), file) for path in paths for file in _walk(path)]
     elif image is None:
         files = [(name, root / name) for name in repository_files(root)]
-    scanned, found = scan_files([(file, name) for name, file in files], catalogue)
+    scanned, found = scan_files([(file, name) for name, file in files], catalogue)  # sorted
     report.files += scanned
     findings.extend(found)
-    findings.sort(key=lambda f: (f.path, f.line or 0, f.rule))
     if image is not None:
         image_files, image_findings = scan_image(image, catalogue)
         report.files += image_files
