@@ -153,6 +153,8 @@ int fail_cuda(cudaError_t err, const char *what) {
 // (f16 conversions + f16 mma); the e4m3 paths are for GB10's e4m3 tensor cores and stay opt-in
 // until they are measured on one.
 constexpr int kDefaultFp8Qk = SPARKSEAL_SPARSE_MLA_QK_BF16;
+// qk_mode values: AUTO, BF16, FP8, FP8X2 (the tables below are indexed by them).
+constexpr int kNumQkModes = SPARKSEAL_SPARSE_MLA_QK_FP8X2 + 1;
 
 struct LayoutInfo {
   int q_dim;
@@ -160,8 +162,8 @@ struct LayoutInfo {
   const char *name;
   int default_qk;
   // Configuration tables indexed by qk_mode (BF16, FP8, FP8X2; null where the layout has none).
-  const ConfigEntry *configs[4];
-  int num_configs[4];
+  const ConfigEntry *configs[kNumQkModes];
+  int num_configs[kNumQkModes];
 };
 
 bool layout_info(int layout, LayoutInfo *info) {
@@ -302,7 +304,7 @@ constexpr int kMaxDevices = 64;
 constexpr int kMaxEntries = 16;
 // Per (layout, qk_mode), device and configuration: 0 = shared-memory attribute not set yet, else
 // CTAs per SM + 1.
-std::atomic<int> g_occupancy[3 * 4][kMaxDevices][kMaxEntries];
+std::atomic<int> g_occupancy[3 * kNumQkModes][kMaxDevices][kMaxEntries];
 
 struct Plan {
   const ConfigEntry *entry;
@@ -362,7 +364,7 @@ int make_plan(const sparkseal_sparse_mla_params *p, const LayoutInfo &info, Plan
 
   int ctas_per_sm = 0;
   std::atomic<int> *occ =
-      (dev < kMaxDevices && chosen < kMaxEntries) ? &g_occupancy[p->layout * 4 + qk][dev][chosen] : nullptr;
+      (dev < kMaxDevices && chosen < kMaxEntries) ? &g_occupancy[p->layout * kNumQkModes + qk][dev][chosen] : nullptr;
   const int cached = occ != nullptr ? occ->load(std::memory_order_relaxed) : 0;
   if (cached > 0) {
     ctas_per_sm = cached - 1;
