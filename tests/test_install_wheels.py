@@ -431,9 +431,21 @@ def test_layer_manifests_that_overlap_are_refused(
     again.write_text(manifest.dumps(data))
     merged = tmp_path / "merged.json"
     assert module_manifest.main(["--part", str(part), "--part", str(again), "--out", str(merged)]) == 1
+    err = capsys.readouterr().err
     assert (
-        f"module_manifest: distribution alpha is in two layers: {part} and {again}" in capsys.readouterr().err
+        f"module_manifest: lib/python3.11/site-packages/alpha-1.0.dist-info/METADATA is in two layers: "
+        f"{part} and {again}" in err
     )
+    assert not merged.exists()
+
+    # One distribution in two layers must be one release (a split distribution), whatever its files.
+    release = {**data["distributions"]["alpha"], "version": "9.9", "files": {}, "install_files": {}}
+    again.write_text(manifest.dumps({**data, "distributions": {"alpha": release}}))
+    assert module_manifest.main(["--part", str(part), "--part", str(again), "--out", str(merged)]) == 1
+    assert (
+        f"module_manifest: distribution alpha is in two layers as different releases: alpha 1.0 in {part} "
+        f"and alpha 9.9 in {again}; expected one release split between layers"
+    ) in capsys.readouterr().err
     assert not merged.exists()
 
     # A distribution of another name that claims one of the same files.

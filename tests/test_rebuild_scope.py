@@ -4,13 +4,15 @@ A fixture workspace holds the real rules and action programs, the fixture vLLM c
 overlay, repack), an image layer over the patched tree, and the kernels wheel rule wired to a stand-in
 CUDA toolchain (it is analysed, never run: its real build needs the locked CUDA wheels, see
 tests/test_kernels_build.py). After the layer writer is edited, the rebuild's execution log must hold
-the layer action and nothing else, and the kernels action must keep its key and inputs.
+the layer action and nothing else, and the kernels action must keep its key and inputs. After a patch is
+edited, of the fixture vLLM's two image layers only the one of our changed files runs again.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import pytest
 from tests.bazel_remote import read_execution_log
 from tests.bazel_util import BAZEL, REPO
 from tests.fixture_index import FixtureIndex
-from tests.test_bazel_fixture import Fixture, _artifacts, _workspace
+from tests.fixture_wheels import locked_installer_wheel
+from tests.test_bazel_fixture import GOOD_PATCH, SPECULATOR, Fixture, _artifacts, _workspace
 
 pytestmark = [
     pytest.mark.bazel,
@@ -29,6 +32,29 @@ pytestmark = [
 LAYER_WRITER = "sparkseal/actions/oci_layer.py"
 KERNELS = "//kernels_sm121:wheel_linux_x86_64"
 TARGETS = ("//third_party/vllm:wheel_linux_x86_64", "//scope:vllm_layer")
+SPLIT_LAYERS = ("//scope:vllm_upstream", "//scope:vllm_patched")
+SITE = "opt/venv/lib/python3.11/site-packages"
+
+# The fixture vLLM as the image installs it: the upstream wheel without the files our wheel changes, and
+# our wheel with only those (sparkseal/core/wheel_split.py). No scan: the scanner is not in the fixture.
+SPLIT_BUILD = """
+[
+    oci_layer(
+        name = name,
+        bytecode = True,
+        installer = "{installer}",
+        platform = "linux_x86_64",
+        scan = False,
+        split = "//third_party/vllm:wheel_linux_x86_64_split",
+        split_part = part,
+        wheels = [wheel],
+    )
+    for name, part, wheel in [
+        ("vllm_upstream", "lower", "@vllm_wheel_linux_x86_64//file"),
+        ("vllm_patched", "upper", "//third_party/vllm:wheel_linux_x86_64"),
+    ]
+]
+"""
 
 # The labels of @sparkseal_cuda that the kernels_wheel rule reads, as files of a stand-in repository.
 STAND_IN_CUDA = {
@@ -69,9 +95,12 @@ def scope(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
         with (root / "WORKSPACE").open("a") as workspace:
             workspace.write(f'\nlocal_repository(name = "sparkseal_cuda", path = "{tmp / "cuda"}")\n')
         (root / "scope").mkdir()
+        installer = locked_installer_wheel()
+        shutil.copyfile(installer, root / "scope" / installer.name)
         (root / "scope" / "BUILD").write_text(
             'load("//rules:defs.bzl", "oci_layer")\n\n'
             'oci_layer(name = "vllm_layer", trees = {"//third_party/vllm:patched_tree": "/opt/vllm"})\n'
+            + SPLIT_BUILD.format(installer=installer.name)
         )
         fixture = Fixture(ws, index, artifacts)
         fixture.configure()
@@ -146,3 +175,34 @@ def test_the_log_sees_a_patch_action_rerun(scope: Fixture, tmp_path: Path) -> No
     ran = {str(spawn.get("mnemonic")) for spawn in read_execution_log(log)}
     assert {"VllmPatch", "VllmOverlay"} <= ran, ran
     assert "VllmUnpack" not in ran, ran
+
+
+def test_editing_a_patch_rebuilds_the_layer_of_our_files_and_not_the_upstream_one(
+    scope: Fixture, tmp_path: Path
+) -> None:
+    code, output = scope.build(*SPLIT_LAYERS)
+    assert code == 0, output
+    upstream_layer = scope.ws.bin_path("scope/vllm_upstream.tar.gz")
+    before = upstream_layer.read_bytes()
+    scope.configure(patches={"0001-fix.patch": GOOD_PATCH.replace("return -1", "return -2")})
+    try:
+        log = tmp_path / "exec.json"
+        code, output = scope.build(f"--execution_log_json_file={log}", *SPLIT_LAYERS)
+        assert code == 0, output
+        spawns = read_execution_log(log)
+        ran = sorted(str(spawn.get("mnemonic")) for spawn in spawns)
+        assert ran == ["OciLayer", "VllmOverlay", "VllmPatch", "VllmRepack"], ran
+        (layer,) = [spawn for spawn in spawns if spawn.get("mnemonic") == "OciLayer"]
+        outputs = [str(path) for path in layer.get("listedOutputs", [])]
+        assert outputs and all("/scope/vllm_patched." in path for path in outputs), outputs
+        assert upstream_layer.read_bytes() == before
+        with tarfile.open(scope.ws.bin_path("scope/vllm_patched.tar.gz")) as archive:
+            spec = archive.extractfile(f"{SITE}/{SPECULATOR}")
+            assert spec is not None and spec.read() == b"def mapping():\n    return -2\n"
+            names = archive.getnames()
+        assert f"{SITE}/vllm/__init__.py" not in names
+        with tarfile.open(upstream_layer) as archive:
+            assert f"{SITE}/{SPECULATOR}" not in archive.getnames()
+            assert f"{SITE}/vllm/__init__.py" in archive.getnames()
+    finally:
+        scope.configure()

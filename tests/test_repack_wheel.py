@@ -17,6 +17,7 @@ import pytest
 
 from sparkseal.actions import vllm_wheel as repack_action
 from sparkseal.actions.vllm_wheel import RepackError, repack
+from sparkseal.core.wheel_split import load_split
 from tests.fixtures_vllm import (
     FAKE_SO,
     FAKE_SO_NAME,
@@ -324,10 +325,33 @@ def test_repack_action_writes_report_and_names_differences(
     assert f"sparkseal: {inputs.out.name}: 1 py in wheel not in sdist: vllm/only_wheel.py\n" in out
     assert "1 py in sdist not in wheel: vllm/only_sdist.py\n" in out
 
-    assert (
-        repack_action.main(
-            [*args[:-4], "--out", str(inputs.out), "--report", str(report), "--commit", "f" * 40]
-        )
-        == 1
-    )
+    # A failed repack leaves neither the wheel nor the split file.
+    split = tmp_path / "split.json"
+    assert repack_action.main([*args, "--split", str(split)]) == 0 and split.is_file()
+    failing = [*args[:-4], "--out", str(inputs.out), "--report", str(report), "--split", str(split)]
+    assert repack_action.main([*failing, "--commit", "f" * 40]) == 1
     assert f"but the lock expects commit '{'f' * 40}'" in capsys.readouterr().err
+    assert not inputs.out.exists() and not split.exists()
+
+
+def test_the_split_file_lists_what_differs_from_the_upstream_wheel_and_not_the_patch(tmp_path: Path) -> None:
+    inputs = Inputs(tmp_path / "in", delete=("vllm/gone.py",))
+    split = tmp_path / "split.json"
+    report = repack(inputs.wheel, inputs.pristine, inputs.patched, COMMIT, [inputs.patch], inputs.out, split)
+    loaded = load_split(split)
+    # b.py changed, gone.py deleted, two files added; the unchanged files and the .dist-info are not listed.
+    expected = ["vllm/added.py", "vllm/b.py", "vllm/gone.py", "vllm/tool.sh"]
+    assert sorted(loaded.paths) == report["differ_from_upstream"] == expected
+    assert (loaded.project, loaded.dist_info) == ("vllm", DIST_INFO)
+    assert (loaded.upstream_file, loaded.upstream_sha256) == (
+        inputs.wheel.name,
+        _sha(inputs.wheel.read_bytes()),
+    )
+
+    # Another edit of the same file changes the wheel, not the split file: the image's layer of the
+    # upstream wheel's other files keeps its inputs.
+    before, wheel_before = split.read_bytes(), inputs.out.read_bytes()
+    (inputs.patched / "vllm/b.py").write_bytes(b"B = 3\n")
+    repack(inputs.wheel, inputs.pristine, inputs.patched, COMMIT, [inputs.patch], inputs.out, split)
+    assert split.read_bytes() == before
+    assert inputs.out.read_bytes() != wheel_before

@@ -2,9 +2,10 @@
 
 Layers are ordered by how often they change, bottom first, so that a change rebuilds the layers above it
 only: the Debian base (locked .debs), torch and NVIDIA's CUDA wheels (large, released together), every
-other locked wheel, our vLLM wheel, the sparkseal wheel, and the app layer with the module manifest and the
-SBOM. `layer_of` splits the locked wheels between the two wheel layers; the python_lock hub's
-`WHEELS_BY_LAYER` is computed with it.
+other locked wheel, our vLLM wheel as two layers (`vllm`: the upstream wheel's files that we leave as they
+are; `vllm_patched`: the files our patches and overlay change or add, their bytecode and the .dist-info),
+the sparkseal wheel, and the app layer with the module manifest and the SBOM. `layer_of` splits the locked
+wheels between the two wheel layers; the python_lock hub's `WHEELS_BY_LAYER` is computed with it.
 """
 
 load(":module_manifest.bzl", "module_manifest")
@@ -43,27 +44,34 @@ def layer_of(project):
             return TORCH_LAYER
     return DEPS_LAYER
 
-def _venv_layers(platform, wheels_by_layer):
-    """(layer, wheels) of the installed layers, bottom first."""
+def _venv_layers(platform, wheels_by_layer, vllm):
+    """(layer, wheels, split file, split part) of the installed layers, bottom first.
+
+    Our vLLM wheel is two layers: the upstream wheel without the files the split names, which keeps its
+    inputs when a patch's content changes (so neither Bazel nor a registry sees a new blob), and ours with
+    only those files (sparkseal/core/wheel_split.py).
+    """
+    split = "//third_party/vllm:wheel_%s_split" % platform
     return [
-        (TORCH_LAYER, wheels_by_layer[platform][TORCH_LAYER]),
-        (DEPS_LAYER, wheels_by_layer[platform][DEPS_LAYER]),
-        ("vllm", ["//third_party/vllm:wheel_" + platform]),
-        ("sparkseal", ["//kernels_sm121:wheel_" + platform]),
+        (TORCH_LAYER, wheels_by_layer[platform][TORCH_LAYER], None, ""),
+        (DEPS_LAYER, wheels_by_layer[platform][DEPS_LAYER], None, ""),
+        ("vllm", [vllm.upstream_wheel_repos[platform]], split, "lower"),
+        ("vllm_patched", ["//third_party/vllm:wheel_" + platform], split, "upper"),
+        ("sparkseal", ["//kernels_sm121:wheel_" + platform], None, ""),
     ]
 
 def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_allow, visibility = None):
     """Every target of one platform's image: `image_<platform>` and what it is made of.
 
     Targets: `manifest_<platform>` (module manifest), `sbom_<platform>`, `layer_<layer>_<platform>` for
-    base, torch, deps, vllm, sparkseal and app, and `image_<platform>` with `image_<platform>.load` and
-    `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
+    base, torch, deps, vllm, vllm_patched, sparkseal and app, and `image_<platform>` with
+    `image_<platform>.load` and `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
     tree is an output (bench/results/image.md, "Disk", has what that saves).
     """
-    venv_layers = _venv_layers(platform, wheels_by_layer)
+    venv_layers = _venv_layers(platform, wheels_by_layer, vllm)
     module_manifest(
         name = "manifest_" + platform,
-        layers = [":layer_%s_%s" % (layer, platform) for layer, _ in venv_layers],
+        layers = [":layer_%s_%s" % (layer, platform) for layer, _, _, _ in venv_layers],
         visibility = visibility,
     )
 
@@ -87,7 +95,7 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         scan_allow = scan_allow,
         visibility = visibility,
     )
-    for layer, wheels in venv_layers:
+    for layer, wheels, split, split_part in venv_layers:
         oci_layer(
             name = "layer_%s_%s" % (layer, platform),
             bytecode = True,
@@ -96,6 +104,8 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
             pyvenv_cfg = layer == TORCH_LAYER,
             replaces = "//third_party/python:replaces.json",
             scan_allow = scan_allow,
+            split = split,
+            split_part = split_part,
             symlinks = PYTHON_LINKS if layer == TORCH_LAYER else {},
             venv = VENV,
             wheels = wheels,
@@ -128,7 +138,7 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         },
         layers = [
             ":layer_%s_%s" % (layer, platform)
-            for layer in ["base"] + [layer for layer, _ in venv_layers] + ["app"]
+            for layer in ["base"] + [layer for layer, _, _, _ in venv_layers] + ["app"]
         ],
         platform = platform,
         tag = "sparkseal/vllm:%s-%s" % (vllm.version, platform),

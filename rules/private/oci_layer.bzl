@@ -96,6 +96,13 @@ def _oci_layer_impl(ctx):
         if ctx.file.replaces:
             args.add("--replaces", ctx.file.replaces)
             inputs.append(ctx.file.replaces)
+        if ctx.file.split:
+            args.add_all(["--split", ctx.file.split, "--split-part", ctx.attr.split_part])
+            inputs.append(ctx.file.split)
+    if bool(ctx.file.split) != bool(ctx.attr.split_part):
+        fail("sparkseal: %s: split and split_part go together" % ctx.label)
+    if ctx.file.split and (not modules or ctx.attr.trees):
+        fail("sparkseal: %s: split needs wheels and no trees: it splits the installed wheels only" % ctx.label)
     if tar:
         args.add("--tar", tar)
     args.add_all(["--blob", blob, "--descriptor", descriptor])
@@ -181,6 +188,16 @@ module manifest list, so that no rank compiles a module at start-up.""",
         "replaces": attr.label(
             allow_single_file = [".json"],
             doc = "Policy naming the projects whose files another project may replace, with reasons.",
+        ),
+        "split": attr.label(
+            allow_single_file = [".json"],
+            doc = "Split file of a distribution installed as two layers (sparkseal/core/wheel_split.py), " +
+                  "as the `split` output group of a vllm_wheel writes it.",
+        ),
+        "split_part": attr.string(
+            values = ["", "lower", "upper"],
+            doc = "With split: `lower` installs the upstream wheel without the split's files, `upper` " +
+                  "installs ours and keeps only them, their bytecode and the .dist-info.",
         ),
         "installer": attr.label(
             allow_single_file = [".whl"],

@@ -5,6 +5,7 @@ load(":common.bzl", "ACTION_ENV", "tool")
 def _vllm_wheel_impl(ctx):
     wheel = ctx.actions.declare_file("%s/%s" % (ctx.label.name, ctx.attr.filename))
     report = ctx.actions.declare_file("%s/report.json" % ctx.label.name)
+    split = ctx.actions.declare_file("%s/split.json" % ctx.label.name)
     args = ctx.actions.args()
     args.add("--upstream", ctx.file.upstream.path)
     args.add("--pristine", ctx.file.pristine.path)
@@ -14,23 +15,29 @@ def _vllm_wheel_impl(ctx):
         args.add("--patch", patch)
     args.add("--out", wheel)
     args.add("--report", report)
+    args.add("--split", split)
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
         inputs = [ctx.file.upstream, ctx.file.pristine, ctx.file.patched] + ctx.files.patches,
-        outputs = [wheel, report],
+        outputs = [wheel, report, split],
         env = ACTION_ENV,
         mnemonic = "VllmRepack",
         progress_message = "Repacking %s with the patched tree" % ctx.attr.filename,
     )
     return [
         DefaultInfo(files = depset([wheel])),
-        OutputGroupInfo(report = depset([report])),
+        # The split file: the members that differ from the upstream wheel (sparkseal/core/wheel_split.py).
+        # Its bytes change only when the set of files our patches and overlay touch does, so the image
+        # layer of the upstream wheel's other files is not rebuilt when a patch's content changes.
+        OutputGroupInfo(report = depset([report]), split = depset([split])),
     ]
 
 vllm_wheel = rule(
     implementation = _vllm_wheel_impl,
-    doc = "Our vLLM wheel: upstream compiled files + the patched, overlaid Python tree.",
+    doc = "Our vLLM wheel: upstream compiled files + the patched, overlaid Python tree. Output groups: " +
+          "`report` (what differs between sdist and wheel), `split` (the members that differ from the " +
+          "upstream wheel, for the image's two vLLM layers).",
     attrs = {
         "upstream": attr.label(mandatory = True, allow_single_file = [".whl"]),
         "filename": attr.string(mandatory = True, doc = "Output wheel file name (the upstream one)."),

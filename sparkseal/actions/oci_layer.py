@@ -28,6 +28,11 @@ torch and the CUDA wheels). With ``--bytecode`` the installed sources are byte-c
 manifest). The layer's bytes are those of the same wheels installed by ``wheel_install``
 and written as a tree.
 
+With ``--split`` (a split file, ``sparkseal.core.wheel_split``) and ``--split-part``, the layer holds one
+part of a distribution installed as two layers: ``lower`` installs the upstream wheel the split names and
+leaves out the split's paths, their bytecode and the ``.dist-info``; ``upper`` installs our wheel and keeps
+only those. Each part's module manifest names its own files, and the two merge into that of our wheel.
+
 With ``--scanner`` the layer's files are scanned for secrets and private data (``sparkseal.core.scan``:
 our rules and the locked Kingfisher catalogue's) before anything is written, where they lie: the
 installed wheels in the scratch directory, the inputs through their sandbox links (the catalogue reads
@@ -47,7 +52,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -60,7 +65,8 @@ from sparkseal.core.determinism import (
     STICKY_DIR_MODE,
     UID,
 )
-from sparkseal.core.install import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
+from sparkseal.core.digests import sha256_file
+from sparkseal.core.install import DEFAULT_PREFIX, InstallError, install_wheels, python_dirs, read_replaces
 from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
 from sparkseal.core.oci import LAYER_MEDIA_TYPE
 from sparkseal.core.paths import UnsafePath, check_relative
@@ -68,6 +74,7 @@ from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
 from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_files
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
+from sparkseal.core.wheel_split import LOWER, PARTS, UPPER, SplitError, WheelSplit, load_split
 from sparkseal.core.wheels import PLATFORMS, WheelError
 
 # gzip level of layer blobs. On the vLLM + torch trees (bench/results/compression.md) level 6 is 0.8% larger
@@ -388,12 +395,18 @@ def plan_layer(
     symlinks: Iterable[tuple[str, str]] = (),
     directories: Iterable[str] = (),
     modes: Iterable[tuple[str, str]] = (),
+    keep: Callable[[str], bool] | None = None,
 ) -> list[Entry]:
-    """Gather every input into the ordered entries of one layer (see the module docstring)."""
+    """Gather every input into the ordered entries of one layer (see the module docstring).
+
+    ``keep`` (a predicate on image paths) leaves out the files of ``trees`` it refuses: the other part of
+    a split distribution.
+    """
     plan = LayerPlan()
     for root, dest in trees:
         for entry in scan_tree(root, image_path(dest, f"--tree {root}", allow_root=True)):
-            plan.add(entry)
+            if keep is None or keep(entry.path):
+                plan.add(entry)
     for source, dest in files:
         where = f"--file {source}"
         if not source.is_file():
@@ -415,6 +428,53 @@ def plan_layer(
         where = f"--mode {dest}"
         plan.set_mode(image_path(dest, where), parse_mode(text, where), where)
     return plan.entries()
+
+
+def split_keep(
+    split: WheelSplit, part: str, scratch: Path, venv: str, wheels: list[Path]
+) -> Callable[[str], bool]:
+    """The predicate on venv-relative paths of the files that ``part`` of ``split`` holds.
+
+    Checks first that the layer installed the split's distribution and, for the lower part, that it
+    installed the upstream wheel the split was computed against.
+    """
+    site = python_dirs(venv)["purelib"].removeprefix(venv.rstrip("/") + "/")
+    if not (scratch / venv.strip("/") / site / split.dist_info).is_dir():
+        names = ", ".join(w.name for w in wheels)
+        raise LayerError(
+            f"--split: expected the layer's wheels ({names}) to install {split.dist_info}, found no such "
+            f"directory in {site}"
+        )
+    if part == LOWER:
+        upstream = [w for w in wheels if w.name == split.upstream_file]
+        if not upstream:
+            raise LayerError(
+                f"--split-part lower: expected the upstream wheel {split.upstream_file} among the layer's "
+                f"wheels, found {', '.join(w.name for w in wheels)}"
+            )
+        found = sha256_file(upstream[0])
+        if found != split.upstream_sha256:
+            raise LayerError(
+                f"--split-part lower: {upstream[0]}: expected sha256 {split.upstream_sha256} (the wheel the "
+                f"split was computed against), found {found}"
+            )
+    upper_keys = split.upper_keys()
+
+    def keep(rel: str) -> bool:
+        upper = rel.startswith(site + "/") and split.is_upper(rel[len(site) + 1 :], upper_keys)
+        return upper == (part == UPPER)
+
+    return keep
+
+
+def _image_keep(venv_keep: Callable[[str], bool], venv: str, part: str) -> Callable[[str], bool]:
+    # Image paths outside the venv (none today) stay with the lower part, as the venv's scripts do.
+    prefix = venv.strip("/") + "/"
+
+    def keep(path: str) -> bool:
+        return venv_keep(path[len(prefix) :]) if path.startswith(prefix) else part == LOWER
+
+    return keep
 
 
 def scan_entries(
@@ -461,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     wheels.add_argument("--replaces", type=Path, help="JSON policy: which project may replace whose files")
     wheels.add_argument("--modules", type=Path, help="write the module manifest of the wheels' files here")
     wheels.add_argument("--bytecode", action="store_true", help="byte-compile the installed sources")
+    wheels.add_argument("--split", type=Path, help="split file of a distribution installed as two layers")
+    wheels.add_argument("--split-part", choices=PARTS, help="which part of --split this layer holds")
     scan = parser.add_argument_group("scan", "scan the layer's files for secrets before writing it")
     scan.add_argument("--scanner", type=Path, help="the locked kingfisher binary")
     scan.add_argument("--scan-allow", type=Path, help="allow-list JSON (none: every finding fails)")
@@ -478,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{', '.join(f for f in needed if f not in missing)} given without --wheel")
     if args.bytecode and not args.wheel:
         parser.error("--bytecode given without --wheel: only installed wheels are byte-compiled")
+    if (args.split is None) != (args.split_part is None):
+        parser.error("--split and --split-part go together")
+    if args.split and (not args.wheel or args.tree):
+        parser.error("--split needs --wheel and no --tree: it splits the installed wheels only")
     if (args.scanner is None) != (args.scan_report is None) or (args.scan_allow and not args.scanner):
         parser.error("--scanner and --scan-report go together (--scan-allow needs them)")
     scanned: dict[str, object] | None = None
@@ -486,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             trees = [(Path(d), dest) for d, dest in args.tree]
             modules = None
             scratch: Path | None = None
+            venv_keep: Callable[[str], bool] | None = None
+            keep: Callable[[str], bool] | None = None
             if args.wheel:
                 # Beside the outputs, so on the output tree's filesystem rather than a small /tmp.
                 scratch = Path(
@@ -503,6 +571,10 @@ def main(argv: list[str] | None = None) -> int:
                     bytecode=args.bytecode,
                 )
                 trees.append((scratch, "/"))
+                if args.split is not None:
+                    split = load_split(args.split)
+                    venv_keep = split_keep(split, args.split_part, scratch, args.venv, args.wheel)
+                    keep = _image_keep(venv_keep, args.venv, args.split_part)
             entries = plan_layer(
                 trees=trees,
                 files=[(Path(s), dest) for s, dest in args.file],
@@ -511,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 symlinks=[tuple(s) for s in args.symlink],
                 directories=args.dir,
                 modes=[tuple(m) for m in args.mode],
+                keep=keep,
             )
             if args.scanner is not None:
                 # Beside the outputs, as the wheels' scratch: the scan's batches hard-link the files.
@@ -526,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                     for source, digest in digests.items()
                     if source.is_relative_to(venv)
                 }
-                modules = tree_manifest(scratch, args.venv, hashes)
+                modules = tree_manifest(scratch, args.venv, hashes, venv_keep)
     except (
         LayerError,
         TarError,
@@ -535,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         ManifestError,
         CatalogueError,
         ScanInputError,
+        SplitError,
         OSError,
     ) as exc:
         for written in (args.blob, args.tar):

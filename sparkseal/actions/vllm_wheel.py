@@ -4,6 +4,10 @@ The upstream wheel of the locked release supplies everything that is not built f
 (``*.so`` and files generated at build time); every file that exists in our tree replaces the wheel's copy,
 and files that patches or the overlay added are included. Files present on one side only are reported.
 The archive is written deterministically and RECORD is regenerated.
+
+``--split`` also writes the split file (``sparkseal.core.wheel_split``): the members whose bytes differ
+from the upstream wheel's. The image installs the upstream wheel minus those in one layer and our wheel's
+copies of them in a small layer above it, so that editing a patch rewrites only the small one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
 from sparkseal.core.digests import record_hash
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.tree import content_mode, list_files
+from sparkseal.core.wheel_split import differing_paths, split_document
 from sparkseal.core.zipwriter import RawMember, ZipWriter, deflate, read_raw
 
 VERSION_FILE = "vllm/_version.py"
@@ -110,10 +115,17 @@ def read_upstream(wheel: Path, commit: str) -> tuple[dict[str, Member], str]:
 
 
 def repack(
-    upstream: Path, pristine: Path, patched: Path, commit: str, patches: list[Path], out: Path
+    upstream: Path,
+    pristine: Path,
+    patched: Path,
+    commit: str,
+    patches: list[Path],
+    out: Path,
+    split: Path | None = None,
 ) -> dict[str, object]:
-    """Write our wheel to ``out`` and return the report of source/wheel differences."""
+    """Write our wheel to ``out`` (and the split file to ``split``); return the report of differences."""
     files, dist_info = read_upstream(upstream, commit)
+    upstream_data = {name: member.data for name, member in files.items()}
     sdist_files = set(list_files(pristine))
     tree_files = list_files(patched)
     added_by_us = sorted(set(tree_files) - sdist_files)
@@ -127,6 +139,8 @@ def repack(
             files[rel] = Member((patched / rel).read_bytes(), mode)
     wheel_py = {n for n in files if n.endswith(".py") and not n.startswith(dist_info + "/")}
     sdist_py = {n for n in sdist_files if n.endswith(".py")}
+    upstream_sha256 = hashlib.sha256(upstream.read_bytes()).hexdigest()
+    ours = differing_paths(upstream_data, {name: member.data for name, member in files.items()}, dist_info)
     report = {
         "commit": commit,
         "dist_info": dist_info,
@@ -134,10 +148,11 @@ def repack(
         "py_in_sdist_not_in_wheel": sorted(sdist_py - wheel_py),
         "py_in_wheel_not_in_sdist": sorted(wheel_py - sdist_py - set(added_by_us)),
         "replaced_from_tree": len(replaced),
+        "differ_from_upstream": ours,
         "added_by_patches_or_overlay": added_by_us,
         "upstream_wheel": {
             "file": upstream.name,
-            "sha256": hashlib.sha256(upstream.read_bytes()).hexdigest(),
+            "sha256": upstream_sha256,
         },
     }
     build_record = {
@@ -147,6 +162,11 @@ def repack(
         (json.dumps(build_record, indent=2, sort_keys=True) + "\n").encode("utf-8"), FILE_MODE
     )
     write_wheel(out, files, dist_info)
+    if split is not None:
+        project = dist_info.split("-", 1)[0]
+        split.write_text(
+            split_document(project, dist_info, upstream.name, upstream_sha256, ours), encoding="utf-8"
+        )
     return report
 
 
@@ -159,10 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patch", action="append", type=Path, default=[])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--report", type=Path, required=True)
+    parser.add_argument("--split", type=Path, help="also write the split file of the image's vLLM layers")
     args = parser.parse_args(argv)
     try:
-        report = repack(args.upstream, args.pristine, args.patched, args.commit, args.patch, args.out)
+        report = repack(
+            args.upstream, args.pristine, args.patched, args.commit, args.patch, args.out, args.split
+        )
     except (RepackError, ValueError) as exc:
+        for written in (args.out, args.split):
+            if written is not None:
+                written.unlink(missing_ok=True)
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
     args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -204,12 +204,18 @@ def _manifest(
 
 
 def tree_manifest(
-    tree: Path, prefix: str = DEFAULT_PREFIX, hashes: Mapping[str, str] | None = None
+    tree: Path,
+    prefix: str = DEFAULT_PREFIX,
+    hashes: Mapping[str, str] | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """The manifest of the virtual environment at ``tree/prefix`` (``tree`` holds the image's files).
 
     ``hashes`` are the sha256 of the venv's files (keys relative to it) when the caller has read them
-    already, as the layer writer has; they must name exactly the files there.
+    already, as the layer writer has; they must name exactly the files there. ``keep`` (a predicate on
+    those keys) describes part of the venv only, the part one layer of a split distribution holds
+    (``sparkseal.core.wheel_split``): the RECORDs still say who owns each file, and only the kept files
+    must exist.
     """
     venv = tree / prefix.strip("/")
     if not venv.is_dir():
@@ -220,7 +226,7 @@ def tree_manifest(
     site_rel = site.relative_to(venv).as_posix()
     dist_infos = read_dist_infos(site)
     owners = owner_map(dist_infos, str(site))
-    files = list_files(venv)
+    files = [rel for rel in list_files(venv) if keep is None or keep(rel)]
     if hashes is None:
         hashes = {rel: sha256_file(venv / rel) for rel in files}
     elif sorted(hashes) != files:
@@ -232,6 +238,8 @@ def tree_manifest(
         )
     for key, info in owners.items():
         rel = posixpath.normpath(f"{site_rel}/{key}")
+        if keep is not None and not rel.startswith("../") and not keep(rel):
+            continue
         if rel.startswith("../") or rel not in hashes:
             where = "lies outside the virtual environment" if rel.startswith("../") else "is not a file"
             raise ManifestError(
@@ -277,7 +285,9 @@ def merge_manifests(parts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str,
     Each part is ``(where, manifest)``: the tree manifest of one layer's files (``tree_manifest`` of what
     that layer installs), named by ``where`` in errors. Merging gives the same bytes as ``tree_manifest`` of
     the stacked trees, so the layer actions need not keep their installed files for a manifest action to
-    read: a distribution may appear in one part only, a path in one part only, and the unowned buckets join.
+    read: a path may appear in one part only, and the unowned buckets join. A distribution appears in one
+    part, or in several with one name and version when its files are split between layers
+    (``sparkseal.core.wheel_split``).
     """
     if not parts:
         raise ManifestError("no layer manifests to merge; expected at least one")
@@ -308,11 +318,19 @@ def merge_manifests(parts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str,
                 f"{where}: expected distributions of name, version, files and install_files: {error!r}"
             ) from error
         for key, name, version, *file_maps in entries:
-            if key in dist_where:
-                raise ManifestError(f"distribution {key} is in two layers: {dist_where[key]} and {where}")
-            dist = unowned if key == UNOWNED else Distribution(name, version)
-            if key != UNOWNED:
-                dists[key], dist_where[key] = dist, where
+            if key == UNOWNED:
+                dist = unowned
+            elif key in dists:
+                dist = dists[key]
+                if (dist.name, dist.version) != (name, version):
+                    raise ManifestError(
+                        f"distribution {key} is in two layers as different releases: {dist.name} "
+                        f"{dist.version} in {dist_where[key]} and {name} {version} in {where}; expected "
+                        f"one release split between layers"
+                    )
+            else:
+                dist = dists[key] = Distribution(name, version)
+                dist_where[key] = where
             for files in file_maps:
                 for file_key, digest in files.items():
                     rel = posixpath.normpath(f"{site_rel}/{file_key}")
