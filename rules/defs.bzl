@@ -3,11 +3,12 @@
 load("//rules/private:cuda_toolkit.bzl", _cuda_toolkit = "cuda_toolkit")
 load("//rules/private:debian.bzl", _DebianRootfsInfo = "DebianRootfsInfo", _debian_packages = "debian_packages", _debian_rootfs = "debian_rootfs")
 load("//rules/private:image.bzl", _sparkseal_image = "sparkseal_image")
+load("//rules/private:host_wheel.bzl", _host_wheel = "host_wheel")
 load("//rules/private:kernels_wheel.bzl", _cuda_archs_setting = "cuda_archs_setting", _kernels_wheel = "kernels_wheel")
 load("//rules/private:module_manifest.bzl", _module_manifest = "module_manifest")
 load("//rules/private:oci_image.bzl", _oci_image = "oci_image", _oci_load = "oci_load", _oci_push = "oci_push")
 load("//rules/private:oci_image_index.bzl", _oci_image_index = "oci_image_index")
-load("//rules/private:oci_layer.bzl", _oci_layer = "oci_layer")
+load("//rules/private:oci_layer.bzl", _layer_compression = "layer_compression", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
 load("//rules/private:pex.bzl", _SparksealPexInfo = "SparksealPexInfo", _sparkseal_pex = "sparkseal_pex")
 load("//rules/private:platforms.bzl", _DEBIAN_ARCHITECTURES = "DEBIAN_ARCHITECTURES", _PLATFORMS = "PLATFORMS")
@@ -28,7 +29,9 @@ cuda_archs_setting = _cuda_archs_setting
 cuda_toolkit = _cuda_toolkit
 debian_packages = _debian_packages
 debian_rootfs = _debian_rootfs
+host_wheel = _host_wheel
 kernels_wheel = _kernels_wheel
+layer_compression = _layer_compression
 module_manifest = _module_manifest
 oci_image = _oci_image
 oci_image_index = _oci_image_index

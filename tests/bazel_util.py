@@ -19,6 +19,7 @@ FIXTURE_COPIES = (
     "sparkseal",
     "third_party/bazel",
     "third_party/scan",
+    "third_party/python",
     "third_party/vllm/BUILD",
     "patches/vllm/BUILD",
     "overlay/vllm/BUILD",
@@ -60,8 +61,21 @@ local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remot
 register_toolchains("//third_party/bazel/python:python3_toolchain")
 """
 
-# ... and the secret scanner (its rule is in //rules:defs.bzl): for our rules that need no locked download.
-MINIMAL_WORKSPACE = BASE_WORKSPACE + SCANNER_WORKSPACE
+# The zstd compressor of zstd layers, fetched only by a build that asks for them (--config=zstd); a test
+# that does puts the locked wheel into the workspace's repository cache first (zstd_wheel_into).
+ZSTD_WORKSPACE = """
+load("//rules:defs.bzl", "host_wheel")
+
+host_wheel(
+    name = "zstandard",
+    lock = "//third_party/python:zstandard.lock.json",
+    module = "zstandard",
+)
+"""
+
+# ... and the secret scanner and zstd compressor (their rules are in //rules:defs.bzl): for our rules
+# that need no locked download.
+MINIMAL_WORKSPACE = BASE_WORKSPACE + SCANNER_WORKSPACE + ZSTD_WORKSPACE
 
 FIXTURE_WORKSPACE = (
     MINIMAL_WORKSPACE

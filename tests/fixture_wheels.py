@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import platform
 import shutil
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,7 @@ from sparkseal.fetch.index import lookup
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "sparkseal"
 TOOLS_FILES = REPO / "third_party/python/tools.files.json"
+ZSTD_LOCK = REPO / "third_party/python/zstandard.lock.json"
 _DATE = (1980, 1, 1, 0, 0, 0)
 
 
@@ -79,13 +81,28 @@ def make_wheel(
 
 
 def locked_tool_wheel(project: str) -> Path:
-    """The locked build-tool wheel of ``project`` (tools.files.json), verified by its sha256.
-
-    Bazel's repository cache or the download cache serves it when either holds it; otherwise it is
-    downloaded once from the configured index.
-    """
+    """The locked build-tool wheel of ``project`` (tools.files.json), verified by its sha256."""
     entry = json.loads(TOOLS_FILES.read_text())["wheels"][project]
-    filename, sha256 = entry["filename"], entry["sha256"]
+    return _locked_file(entry["filename"], entry["sha256"], TOOLS_FILES)
+
+
+def zstd_wheel_into(repository_cache: Path) -> Path:
+    """Put this machine's locked zstandard wheel into a Bazel repository cache (as the downloader would).
+
+    A fixture workspace that builds zstd layers then fetches @zstandard from that cache, offline.
+    """
+    machine = {"x86_64": "linux_x86_64", "aarch64": "linux_aarch64"}[platform.machine()]
+    entry = json.loads(ZSTD_LOCK.read_text())["wheels"]["zstandard"]["files"][machine]
+    wheel = _locked_file(entry["filename"], entry["sha256"], ZSTD_LOCK)
+    cached = repository_cache / "content_addressable" / "sha256" / entry["sha256"] / "file"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(wheel, cached)
+    return cached
+
+
+def _locked_file(filename: str, sha256: str, lock: Path) -> Path:
+    """A locked file, verified by its sha256: from the download cache, Bazel's repository cache, or the
+    configured index (downloaded once)."""
     path = CACHE / "downloads" / filename
     if path.is_file() and sha256_of(path) == sha256:
         return path
@@ -98,7 +115,7 @@ def locked_tool_wheel(project: str) -> Path:
     path, _, _ = download(lookup(filename), CACHE / "downloads")
     actual = sha256_of(path)
     if actual != sha256:
-        raise AssertionError(f"{path}: sha256 {actual}, expected {sha256} (locked in {TOOLS_FILES})")
+        raise AssertionError(f"{path}: sha256 {actual}, expected {sha256} (locked in {lock})")
     return path
 
 

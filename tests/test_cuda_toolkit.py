@@ -86,6 +86,33 @@ def test_select_wheel_fails_when_several_wheels_fit() -> None:
     )
 
 
+def test_select_wheel_of_a_c_extension_takes_the_pinned_interpreter() -> None:
+    # python-zstandard publishes one wheel per CPython version and machine; the lock wants the build
+    # host's python3 (cp311), never another interpreter's extension.
+    files = tuple(
+        index_file(f"zstandard-0.25.0-{py}-{py}-manylinux2014_x86_64.manylinux_2_17_x86_64.whl")
+        for py in ("cp310", "cp311", "cp312")
+    )
+    pin = Pin("zstandard", "0.25.0", (LINUX_X86_64,), python="cp311")
+    assert lock_wheels.select_wheel(pin, LINUX_X86_64, files, PAGE) == files[1]
+    with pytest.raises(LockError) as err:
+        lock_wheels.select_wheel(Pin("zstandard", "0.25.0", (LINUX_X86_64,)), LINUX_X86_64, files, PAGE)
+    assert (
+        "expected exactly one zstandard 0.25.0 wheel for linux_x86_64, found zstandard-0.25.0-cp310"
+        in str(err.value)
+    )
+
+
+def test_the_zstd_lock_names_a_cp311_wheel_per_build_host() -> None:
+    lock = json.loads((REPO / "third_party/python/zstandard.lock.json").read_text())
+    files = lock["wheels"]["zstandard"]["files"]
+    assert sorted(files) == [LINUX_AARCH64, LINUX_X86_64]
+    for platform, entry in files.items():
+        assert entry["filename"].startswith("zstandard-0.25.0-cp311-cp311-manylinux")
+        assert entry["filename"].endswith(platform.removeprefix("linux_") + ".whl")
+        assert len(entry["sha256"]) == 64
+
+
 def fake_lister(pages: dict[str, tuple[IndexFile, ...]]):
     """A project-page reader over fixed listings."""
 

@@ -21,6 +21,7 @@ import pytest
 
 from tests.bazel_util import REPO, Workspace
 from tests.bytecode_probe import PROBE
+from tests.podman import PODMAN_RUN
 
 pytestmark = [pytest.mark.bazel, pytest.mark.network, pytest.mark.image]
 
@@ -29,19 +30,6 @@ LOCK = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
 PLATFORMS = {"linux_x86_64": "x86_64", "linux_aarch64": "aarch64"}
 SPECULATOR = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
-# runc instead of crun, and explicit ulimits: what rootful podman needs on a CI machine (FACTS.md).
-PODMAN_RUN = [
-    "podman",
-    "--runtime",
-    "runc",
-    "run",
-    "--rm",
-    "--network=none",
-    "--ulimit",
-    "nofile=1024:1024",
-    "--ulimit",
-    "nproc=1024:1024",
-]
 
 
 def _podman(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -22,8 +22,9 @@ from sparkseal.actions import oci_layer as layer
 from sparkseal.actions import oci_load
 from sparkseal.core import oci as oci_core
 from sparkseal.core.docker_archive import write_docker_archive
-from sparkseal.core.oci import LAYER_MEDIA_TYPE
+from sparkseal.core.oci import LAYER_MEDIA_TYPE, ZSTD_LAYER_MEDIA_TYPE
 from sparkseal.core.platforms import PLATFORMS, oci_platform
+from sparkseal.core.pzstd import MAGIC as ZSTD_MAGIC
 from tests.bazel_util import (
     BAZEL,
     MINIMAL_WORKSPACE,
@@ -33,6 +34,7 @@ from tests.bazel_util import (
     make_fixture_workspace,
     process_summary,
 )
+from tests.fixture_wheels import zstd_wheel_into
 from tests.nginx_cache import NGINX, NginxCache
 from tests.registry_server import REGISTRY, Registry
 
@@ -607,6 +609,34 @@ def test_bazel_run_load_loads_into_podman(bazel_ws: Workspace) -> None:
     finally:
         subprocess.run([podman, "rmi", "--force", f"localhost/{tag}"], capture_output=True, check=False)
         (bazel_ws.root / "image" / "BUILD").write_text(IMAGE_BUILD.format(content="X = 1", tag=TAG))
+
+
+@pytest.mark.bazel
+def test_bazel_zstd_layers_hold_the_same_tars_and_load_as_tars(bazel_ws: Workspace, tmp_path: Path) -> None:
+    zstd_wheel_into(bazel_ws.repository_cache)
+    result = bazel_ws.bazel("build", "//image:image")
+    assert result.returncode == 0, result.output
+    out = bazel_ws.bin_path("image")
+    gzip_diff_ids = [json.loads((out / f"{name}.json").read_text())["diff_id"] for name in ("base", "app")]
+    result = bazel_ws.bazel("build", "--config=zstd", "//image:image")
+    assert result.returncode == 0, result.output
+    for name, diff_id in zip(("base", "app"), gzip_diff_ids, strict=True):
+        described = json.loads((out / f"{name}.json").read_text())
+        assert (described["mediaType"], described["diff_id"]) == (ZSTD_LAYER_MEDIA_TYPE, diff_id)
+        assert described["compression"]["library"].startswith("python-zstandard 0.25.0 (zstd ")
+        assert (out / f"{name}.tar.zst").read_bytes().startswith(ZSTD_MAGIC)
+    layers = oci_core.read_image(out / "image").layers
+    assert [lay["mediaType"] for lay in layers] == [ZSTD_LAYER_MEDIA_TYPE] * 2
+    # The docker-archive of .load carries the tars, decompressed with the locked wheel in its runfiles.
+    loaded = tmp_path / "loaded.tar"
+    result = bazel_ws.bazel("run", "--config=zstd", "//image:image.load", "--", "--output", str(loaded))
+    assert result.returncode == 0, result.output
+    with tarfile.open(loaded) as archive:
+        manifest = json.loads(archive.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert manifest[0]["Layers"] == [f"blobs/sha256/{d.removeprefix('sha256:')}" for d in gzip_diff_ids]
+    result = bazel_ws.bazel("build", "--//rules:layer_compression=lz4", "//image:image")
+    assert result.returncode != 0
+    assert "sparkseal: --//rules:layer_compression=lz4: expected one of gzip, zstd" in result.output
 
 
 def test_load_program_streams_the_archive_to_a_pipe_or_a_file(tmp_path: Path) -> None:

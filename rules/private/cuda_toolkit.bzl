@@ -22,6 +22,7 @@ Targets: `:cuda` (all toolkit files), `:nvcc`, `:cmake`, `:cmake_files`, `:ninja
 their directories are the toolkit root and the import root.
 """
 
+load(":platforms.bzl", "HOST_PLATFORMS", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
 # Lock platform of the build host -> the CUDA `targets/` directory of that platform.
@@ -30,9 +31,6 @@ _TARGET_DIRS = {
     "linux_aarch64": "sbsa-linux",
 }
 
-# `uname -m` of a build host -> the lock platform of its host tools (nvcc, cicc, ptxas, cmake, ninja).
-_HOSTS = {"x86_64": "linux_x86_64", "aarch64": "linux_aarch64"}
-
 _PURE_PYTHON = ["scikit-build-core", "packaging", "pathspec"]
 
 _WHEEL_ROOT = "nvidia/cu13/"
@@ -40,16 +38,7 @@ _WHEEL_ROOT = "nvidia/cu13/"
 def _host_platform(rctx):
     if rctx.attr.host:
         return rctx.attr.host
-    os_name = rctx.os.name.lower()
-    uname = rctx.execute(["uname", "-m"])
-    arch = uname.stdout.strip()
-    if not os_name.startswith("linux") or uname.return_code != 0 or arch not in _HOSTS:
-        fail("sparkseal: cuda_toolkit %s: expected a Linux build host of %s (the lock %s pins host tools " % (
-            rctx.name,
-            " or ".join(sorted(_HOSTS)),
-            rctx.attr.lock,
-        ) + "for %s), got os %r, arch %r" % (", ".join(sorted(_HOSTS.values())), os_name, arch))
-    return _HOSTS[arch]
+    return host_platform(rctx, "cuda_toolkit %s (the lock %s pins host tools)" % (rctx.name, rctx.attr.lock))
 
 def _locked(rctx, lock, project, platform):
     wheels = lock.get("wheels", {})
@@ -139,7 +128,7 @@ cuda_toolkit = repository_rule(
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = [".json"]),
         "host": attr.string(
-            values = [""] + sorted(_HOSTS.values()),
+            values = [""] + sorted(HOST_PLATFORMS.values()),
             doc = "The lock platform whose host tools to unpack; empty (the default): this build host's. " +
                   "Tests set it to assemble the other host's toolkit (run under emulation).",
         ),

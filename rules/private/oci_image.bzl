@@ -95,7 +95,7 @@ _LOAD_SCRIPT = """#!/usr/bin/env bash
 set -euo pipefail
 runfiles="${{RUNFILES_DIR:-$0.runfiles}}/{workspace}"
 runfiles=$(cd "$runfiles" && pwd)
-tool=("$runfiles/{tool}" --layout "$runfiles/{layout}" --tag "{tag}")
+tool=("$runfiles/{tool}" --layout "$runfiles/{layout}" --tag "{tag}"{zstd})
 if [ "$#" -gt 0 ]; then
     cd "${{BUILD_WORKING_DIRECTORY:-.}}"
     exec "${{tool[@]}}" "$@"
@@ -127,9 +127,14 @@ def _storage_name(tag):
 def _oci_load_impl(ctx):
     image = ctx.attr.image[OciImageInfo]
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
+
+    # With zstd layers (--//rules:layer_compression=zstd) a docker-archive gets their tars decompressed.
+    inits = [f for f in ctx.files._zstd_module if f.short_path.endswith("/site/zstandard/__init__.py")]
+    zstd = ' --zstd-site "$runfiles/%s"' % inits[0].short_path.rpartition("/zstandard/")[0] if inits else ""
     ctx.actions.write(
         output = script,
         content = _LOAD_SCRIPT.format(
+            zstd = zstd,
             digest = image.digest.short_path,
             layout = image.layout.short_path,
             storage_name = _storage_name(image.tag),
@@ -139,7 +144,10 @@ def _oci_load_impl(ctx):
         ),
         is_executable = True,
     )
-    runfiles = ctx.runfiles(files = [image.layout, image.digest, ctx.executable._loader], transitive_files = image.blobs)
+    runfiles = ctx.runfiles(
+        files = [image.layout, image.digest, ctx.executable._loader] + ctx.files._zstd_module,
+        transitive_files = image.blobs,
+    )
     runfiles = runfiles.merge(ctx.attr._loader[DefaultInfo].default_runfiles)
     return [DefaultInfo(executable = script, runfiles = runfiles)]
 
@@ -151,6 +159,7 @@ oci_load = rule(
     attrs = {
         "image": attr.label(mandatory = True, providers = [OciImageInfo]),
         "_loader": attr.label(default = Label("//sparkseal/actions:oci_load"), executable = True, cfg = "target"),
+        "_zstd_module": attr.label(default = Label("//rules:zstd_module")),
     },
 )
 

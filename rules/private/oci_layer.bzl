@@ -1,13 +1,39 @@
-"""`oci_layer`: one deterministic image layer (tar, gzip blob, descriptor) from trees, files, links and wheels."""
+"""`oci_layer`: one deterministic image layer (tar, gzip or zstd blob, descriptor) from trees, files, links, wheels.
+
+`layer_compression` is the build setting that picks every layer's compression: `gzip` (the default) or
+`zstd` (`--//rules:layer_compression=zstd`, or `--config=zstd`).
+"""
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":debian.bzl", "DebianRootfsInfo")
 load(":platforms.bzl", "PLATFORMS")
 
+_COMPRESSIONS = {"gzip": ".tar.gz", "zstd": ".tar.zst"}
+
+LayerCompressionInfo = provider(
+    doc = "The value of the layer compression build setting.",
+    fields = {"value": "`gzip` or `zstd`"},
+)
+
+def _layer_compression_impl(ctx):
+    if ctx.build_setting_value not in _COMPRESSIONS:
+        fail("sparkseal: --%s=%s: expected one of %s" % (
+            ctx.label,
+            ctx.build_setting_value,
+            ", ".join(sorted(_COMPRESSIONS)),
+        ))
+    return [LayerCompressionInfo(value = ctx.build_setting_value)]
+
+layer_compression = rule(
+    implementation = _layer_compression_impl,
+    doc = "A string flag: the compression of every image layer, `gzip` (default) or `zstd`.",
+    build_setting = config.string(flag = True),
+)
+
 OciLayerInfo = provider(
     doc = "One image layer written by oci_layer.",
     fields = {
-        "blob": "File: the gzip-compressed layer",
+        "blob": "File: the compressed layer (gzip, or zstd with --//rules:layer_compression=zstd)",
         "descriptor": "File: JSON with diff_id, digest, mediaType and size",
         "tar": "File: the uncompressed layer, or None unless keep_tar",
         "scan_report": "File: the layer's clean secret-scan report (written by the layer's action), or " +
@@ -33,7 +59,8 @@ def _package_relative(f, label):
 def _oci_layer_impl(ctx):
     # The plain tar is only for inspection (diffoscope); big layers skip it and keep just the gzip blob.
     tar = ctx.actions.declare_file(ctx.label.name + ".tar") if ctx.attr.keep_tar else None
-    blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
+    compression = ctx.attr._compression[LayerCompressionInfo].value
+    blob = ctx.actions.declare_file(ctx.label.name + _COMPRESSIONS[compression])
     descriptor = ctx.actions.declare_file(ctx.label.name + ".json")
     modules = ctx.actions.declare_file(ctx.label.name + ".modules.json") if ctx.files.wheels else None
     args = ctx.actions.args()
@@ -105,12 +132,19 @@ def _oci_layer_impl(ctx):
         fail("sparkseal: %s: split needs wheels and no trees: it splits the installed wheels only" % ctx.label)
     if tar:
         args.add("--tar", tar)
+    tools = []
+    if compression == "zstd":
+        # The locked zstandard wheel of the build host, unpacked (rules/private/host_wheel.bzl).
+        inits = [f for f in ctx.files._zstd_module if f.path.endswith("/site/zstandard/__init__.py")]
+        if len(inits) != 1:
+            fail("sparkseal: %s: zstd layers need @zstandard//:site (host_wheel in the WORKSPACE)" % ctx.label)
+        args.add_all(["--compression", "zstd", "--zstd-site", inits[0].dirname.rpartition("/")[0]])
+        tools += ctx.files._zstd_module
     args.add_all(["--blob", blob, "--descriptor", descriptor])
 
     # The scan reads the layer's files where the action has them, before it writes anything; a layer
     # with a finding fails and writes no output. The report is written only for a clean layer.
     scan_report = ctx.actions.declare_file(ctx.label.name + ".scan.json") if ctx.attr.scan else None
-    tools = []
     requirements = {"block-network": "1"}
     if scan_report:
         args.add_all(["--label", label_string(ctx.label), "--scan-report", scan_report])
@@ -144,7 +178,7 @@ def _oci_layer_impl(ctx):
 
 oci_layer = rule(
     implementation = _oci_layer_impl,
-    doc = """One OCI image layer: `name.tar.gz` and `name.json`, plus `name.tar` with keep_tar (see sparkseal/actions/oci_layer.py).
+    doc = """One OCI image layer: `name.tar.gz` (`name.tar.zst` with zstd layers) and `name.json`, plus `name.tar` with keep_tar (see sparkseal/actions/oci_layer.py).
 
 A tree's links and permission bits are not read (the sandbox hides them): declare links in `links`
 specs or `symlinks`; a file is 0755 when it starts with ELF magic or `#!`, else 0644, unless `modes`
@@ -215,6 +249,9 @@ module manifest list, so that no rank compiles a module at start-up.""",
             doc = "Allow-list of the scan (`.sparkseal-scan-allow.json`; paths are paths inside the image).",
         ),
         "_tool": tool("//sparkseal/actions:oci_layer"),
+        "_compression": attr.label(default = Label("//rules:layer_compression")),
+        # The zstandard wheel when --//rules:layer_compression=zstd, else nothing (no download).
+        "_zstd_module": attr.label(default = Label("//rules:zstd_module"), cfg = "exec"),
         # The maintained rule catalogue (Kingfisher), locked in //third_party/scan:scanner.lock.json.
         "_scanner": attr.label(
             default = Label("@secret_scanner//:kingfisher"),

@@ -6,6 +6,26 @@ the Python one, which also maps each name to its OCI platform and manylinux mach
 
 PLATFORMS = ["linux_aarch64", "linux_x86_64"]
 
+# `uname -m` of a build host -> the platform of the locked host tools it runs (the scanner, nvcc, zstd).
+HOST_PLATFORMS = {
+    "aarch64": "linux_aarch64",
+    "x86_64": "linux_x86_64",
+}
+
+def host_platform(rctx, purpose):
+    """The platform of the machine a repository rule runs on; fails naming `purpose` on another host."""
+    os_name = rctx.os.name.lower()
+    uname = rctx.execute(["uname", "-m"])
+    arch = uname.stdout.strip()
+    if not os_name.startswith("linux") or uname.return_code != 0 or arch not in HOST_PLATFORMS:
+        fail("sparkseal: %s: expected a Linux build host of %s, got os %r, arch %r" % (
+            purpose,
+            " or ".join(sorted(HOST_PLATFORMS)),
+            os_name,
+            arch,
+        ))
+    return HOST_PLATFORMS[arch]
+
 # Debian's architecture name of each platform (the Debian locks are per architecture).
 DEBIAN_ARCHITECTURES = {
     "linux_aarch64": "arm64",

@@ -12,27 +12,15 @@ instead (test workspaces pass the one of the hash-locked test venv); its version
 Target: `:kingfisher` (the executable). The provenance records the scanner from the same lock.
 """
 
+load(":platforms.bzl", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
 _PROJECT = "kingfisher-bin"
-_HOSTS = {"x86_64": "linux_x86_64", "aarch64": "linux_aarch64"}
-
-def _host_platform(rctx):
-    uname = rctx.execute(["uname", "-m"])
-    arch = uname.stdout.strip()
-    if not rctx.os.name.lower().startswith("linux") or uname.return_code != 0 or arch not in _HOSTS:
-        fail("sparkseal: secret_scanner %s: expected a Linux host of %s, got os %r, arch %r" % (
-            rctx.name,
-            ", ".join(sorted(_HOSTS)),
-            rctx.os.name,
-            arch,
-        ))
-    return _HOSTS[arch]
 
 def _secret_scanner_impl(rctx):
     lock = json.decode(rctx.read(rctx.attr.lock))
     pinned = lock.get("wheels", {}).get(_PROJECT, {})
-    platform = _host_platform(rctx)
+    platform = host_platform(rctx, "secret_scanner " + rctx.name)
     entry = pinned.get("files", {}).get(platform)
     if type(entry) != "dict" or type(pinned.get("version")) != "string":
         fail("sparkseal: %s: expected wheels.%s.version and wheels.%s.files.%s.{filename,sha256}, got %r" % (

@@ -28,7 +28,7 @@ from sparkseal.core.oci import (
     DIGEST_RE,
     EXTERNAL_BLOBS,
     INDEX_MEDIA_TYPE,
-    LAYER_MEDIA_TYPE,
+    LAYER_MEDIA_TYPES,
     LAYOUT_VERSION,
     MANIFEST_MEDIA_TYPE,
     REF_NAME,
@@ -53,10 +53,11 @@ class Layer:
     size: int
     diff_id: str
     blob: Path
+    media_type: str = LAYER_MEDIA_TYPES["gzip"]
 
     def descriptor(self) -> dict[str, object]:
         """The layer's descriptor in an image manifest."""
-        return {"digest": self.digest, "mediaType": LAYER_MEDIA_TYPE, "size": self.size}
+        return {"digest": self.digest, "mediaType": self.media_type, "size": self.size}
 
 
 def load_layer(name: str, descriptor: Path, blob: Path) -> Layer:
@@ -67,10 +68,10 @@ def load_layer(name: str, descriptor: Path, blob: Path) -> Layer:
         raise OciError(f"layer descriptor {descriptor}: not a readable JSON object: {exc}") from exc
     if not isinstance(data, dict):
         raise OciError(f"layer descriptor {descriptor}: expected a JSON object, got {type(data).__name__}")
-    if data.get("mediaType") != LAYER_MEDIA_TYPE:
+    if data.get("mediaType") not in LAYER_MEDIA_TYPES.values():
+        expected = " or ".join(repr(t) for t in LAYER_MEDIA_TYPES.values())
         raise OciError(
-            f"layer descriptor {descriptor}: mediaType is {data.get('mediaType')!r}, "
-            f"expected {LAYER_MEDIA_TYPE!r}"
+            f"layer descriptor {descriptor}: mediaType is {data.get('mediaType')!r}, expected {expected}"
         )
     for key in ("digest", "diff_id"):
         if not isinstance(data.get(key), str) or not DIGEST_RE.fullmatch(data[key]):
@@ -81,7 +82,7 @@ def load_layer(name: str, descriptor: Path, blob: Path) -> Layer:
     size = data.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise OciError(f"layer descriptor {descriptor}: size is {size!r}, expected a byte count")
-    return Layer(name, data["digest"], size, data["diff_id"], blob)
+    return Layer(name, data["digest"], size, data["diff_id"], blob, data["mediaType"])
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Action: write one OCI layer deterministically: an uncompressed tar, its gzip blob and a JSON descriptor.
+"""Action: write one OCI layer deterministically: an uncompressed tar, its gzip or zstd blob and a descriptor.
 
 Inputs are directory trees mapped to destination prefixes in the image, single files, links specs,
 explicit directories and mode overrides. Inside Bazel's sandbox every input file is a symlink to the real
@@ -55,6 +55,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from sparkseal.core.catalogue import Catalogue, CatalogueError
 from sparkseal.core.determinism import (
@@ -68,9 +69,12 @@ from sparkseal.core.determinism import (
 from sparkseal.core.digests import sha256_file
 from sparkseal.core.install import DEFAULT_PREFIX, InstallError, install_wheels, python_dirs, read_replaces
 from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
-from sparkseal.core.oci import LAYER_MEDIA_TYPE
+from sparkseal.core.oci import LAYER_MEDIA_TYPES
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
+from sparkseal.core.pzstd import BLOCK_SIZE as ZSTD_BLOCK_SIZE
+from sparkseal.core.pzstd import LEVEL as ZSTD_LEVEL
+from sparkseal.core.pzstd import ParallelZstdWriter, ZstdUnavailable, describe, load_zstandard
 from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_files
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
@@ -81,8 +85,14 @@ from sparkseal.core.wheels import PLATFORMS, WheelError
 # than level 9 for a quarter of its CPU time, and 12% smaller than level 1.
 GZIP_LEVEL = 6
 # What the blob's bytes depend on besides the tar (the worker count is not among them): recorded in the
-# layer's descriptor so a rebuild can use the same settings.
+# layer's descriptor so a rebuild can use the same settings. A zstd blob's also names the library.
 COMPRESSION = {"format": "gzip", "level": GZIP_LEVEL, "block_size": BLOCK_SIZE, "dictionary": DICTIONARY_SIZE}
+ZSTD_COMPRESSION = {
+    "format": "zstd",
+    "level": ZSTD_LEVEL,
+    "block_size": ZSTD_BLOCK_SIZE,
+    "frames": "per block",
+}
 
 DIR, FILE, LINK = "directory", "file", "symlink"
 ALLOWED_MODES = {FILE: (FILE_MODE, EXEC_MODE), DIR: (DIR_MODE, STICKY_DIR_MODE)}
@@ -363,27 +373,37 @@ def write_layer(
     tar_path: Path | None,
     blob_path: Path,
     digests: dict[Path, str] | None = None,
+    zstandard: Any = None,
 ) -> dict[str, object]:
-    """Write the gzip blob (and the plain tar, when ``tar_path`` is given) in one pass; return the descriptor.
+    """Write the blob (and the plain tar, when ``tar_path`` is given) in one pass; return the descriptor.
 
     Each file is read once: ``digests`` (see ``write_tar``) gets the content digests in the same pass.
 
-    The gzip stream has mtime 0, no file name and level GZIP_LEVEL, so its bytes depend only on the tar
-    and on the zlib of the Python that runs the action (the host python3 of the build toolchain); it is
-    compressed on every CPU the action may use, in blocks whose bytes do not depend on that number.
+    The blob is gzip unless ``zstandard`` (the imported python-zstandard module) is given. The gzip stream
+    has mtime 0, no file name and level GZIP_LEVEL, so its bytes depend only on the tar and on the zlib of
+    the Python that runs the action (the host python3 of the build toolchain); a zstd blob's depend on the
+    tar and the locked zstandard wheel (``sparkseal.core.pzstd``). Either is compressed on every CPU the
+    action may use, in blocks whose bytes do not depend on that number.
     """
+    workers = len(os.sched_getaffinity(0))
     with contextlib.ExitStack() as stack:
         blob = Digesting(stack.enter_context(blob_path.open("wb")))
-        gz = stack.enter_context(ParallelGzipWriter(blob, GZIP_LEVEL, workers=len(os.sched_getaffinity(0))))
+        if zstandard is None:
+            compressed: Writable = ParallelGzipWriter(blob, GZIP_LEVEL, workers=workers)
+            settings: dict[str, object] = COMPRESSION
+        else:
+            compressed = ParallelZstdWriter(blob, ZSTD_LEVEL, workers, zstandard)
+            settings = {**ZSTD_COMPRESSION, "library": describe(zstandard)}
+        stack.enter_context(compressed)  # type: ignore[arg-type]
         plain = [stack.enter_context(tar_path.open("wb"))] if tar_path is not None else []
-        tar = Digesting(*plain, gz)
+        tar = Digesting(*plain, compressed)
         write_tar(entries, tar, digests)
     return {
         "diff_id": tar.digest,
         "digest": blob.digest,
-        "mediaType": LAYER_MEDIA_TYPE,
+        "mediaType": LAYER_MEDIA_TYPES[str(settings["format"])],
         "size": blob.size,
-        "compression": COMPRESSION,
+        "compression": settings,
     }
 
 
@@ -529,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     scan.add_argument("--scan-report", type=Path, help="JSON report to write when the layer is clean")
     scan.add_argument("--label", default="layer", help="the layer's name in messages (its Bazel label)")
     parser.add_argument("--tar", type=Path, help="also write the uncompressed layer tar here")
-    parser.add_argument("--blob", type=Path, required=True, help="gzip blob to write")
+    parser.add_argument("--compression", choices=sorted(LAYER_MEDIA_TYPES), default="gzip")
+    parser.add_argument("--zstd-site", type=Path, help="the unpacked locked zstandard wheel (zstd blobs)")
+    parser.add_argument("--blob", type=Path, required=True, help="blob to write (gzip or zstd)")
     parser.add_argument("--descriptor", type=Path, required=True, help="JSON descriptor to write")
     args = parser.parse_args(argv)
     needed = {"--platform": args.platform, "--installer": args.installer, "--modules": args.modules}
@@ -546,8 +568,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--split needs --wheel and no --tree: it splits the installed wheels only")
     if (args.scanner is None) != (args.scan_report is None) or (args.scan_allow and not args.scanner):
         parser.error("--scanner and --scan-report go together (--scan-allow needs them)")
+    if args.zstd_site and args.compression != "zstd":
+        parser.error("--zstd-site given without --compression zstd")
     scanned: dict[str, object] | None = None
     try:
+        zstandard = load_zstandard(args.zstd_site) if args.compression == "zstd" else None
         with contextlib.ExitStack() as stack:
             trees = [(Path(d), dest) for d, dest in args.tree]
             modules = None
@@ -590,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                 workdir = args.blob.parent
                 scanned = scan_entries(entries, args.label, args.scanner, args.scan_allow, workdir)
             digests: dict[Path, str] | None = {} if scratch is not None else None
-            descriptor = write_layer(entries, args.tar, args.blob, digests)
+            descriptor = write_layer(entries, args.tar, args.blob, digests, zstandard)
             if scratch is not None and digests is not None:
                 # The module manifest from the digests the tar pass computed: the files are read once.
                 venv = scratch / args.venv.strip("/")
@@ -609,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         CatalogueError,
         ScanInputError,
         SplitError,
+        ZstdUnavailable,
         OSError,
     ) as exc:
         for written in (args.blob, args.tar):

@@ -6,6 +6,9 @@ FILE`` it goes to a file, written beside it under another name and renamed when 
 half-written archive is left behind. With ``--oci-layout DIR`` it writes the image as an ordinary OCI
 layout instead (every blob under ``DIR/blobs``, hard-linked where it can be), for ``skopeo copy oci:DIR``,
 umoci and other tools that do not follow the build's external layer blobs.
+
+An image of zstd layers keeps them in the OCI layout; a docker-archive gets their tars uncompressed
+(``sparkseal.core.docker_archive``), with the zstandard wheel the rule passes as ``--zstd-site``.
 """
 
 from __future__ import annotations
@@ -19,17 +22,20 @@ from pathlib import Path
 
 from sparkseal.core.docker_archive import write_docker_archive
 from sparkseal.core.oci import LayoutError, write_complete_layout
+from sparkseal.core.pzstd import ZstdUnavailable, load_zstandard
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", type=Path, required=True, help="the image's OCI layout directory")
     parser.add_argument("--tag", required=True, help="REPOSITORY:TAG the engine names the image")
+    parser.add_argument("--zstd-site", type=Path, help="the unpacked zstandard wheel (zstd layers)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--output", type=Path, help="write the archive to this file (default: stdout)")
     where.add_argument("--oci-layout", type=Path, help="write a complete OCI layout to this new directory")
     args = parser.parse_args(argv)
     try:
+        zstandard = load_zstandard(args.zstd_site) if args.zstd_site is not None else None
         if args.oci_layout is not None:
             dest = args.oci_layout.absolute()
             if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
@@ -53,21 +59,21 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            write_docker_archive(args.layout, sys.stdout.buffer, args.tag)
+            write_docker_archive(args.layout, sys.stdout.buffer, args.tag, zstandard)
             sys.stdout.buffer.flush()
             return 0
         output = args.output.resolve()
         handle, partial = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
         try:
             with os.fdopen(handle, "wb") as stream:
-                write_docker_archive(args.layout, stream, args.tag)
+                write_docker_archive(args.layout, stream, args.tag, zstandard)
             os.chmod(partial, 0o644)
             os.replace(partial, output)
         except BaseException:
             Path(partial).unlink(missing_ok=True)
             raise
         print(f"wrote {output}", file=sys.stderr)
-    except LayoutError as exc:
+    except (LayoutError, ZstdUnavailable) as exc:
         print(f"sparkseal: load: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:

@@ -20,7 +20,7 @@ from typing import Any
 
 from sparkseal.audit.rebuild import artifact_digests
 from sparkseal.core.digests import sha256_stream
-from sparkseal.core.oci import blob_path, is_layout, read_image
+from sparkseal.core.oci import blob_path, is_layout, layer_tar, read_image
 
 # Members of one layer that get their own diffoscope report; the rest are listed by name.
 DIFFOSCOPE_MEMBERS = 3
@@ -103,7 +103,7 @@ def _image(layout: Path) -> tuple[str, dict[str, Any], list[tuple[str, str]]]:
 
 def _members(blob: Path) -> dict[str, _Member]:
     members = {}
-    with tarfile.open(blob, mode="r|*") as tar:
+    with blob.open("rb") as raw, tarfile.open(fileobj=layer_tar(raw), mode="r|*") as tar:
         for info in tar:
             content = ""
             if info.isfile():
@@ -121,7 +121,7 @@ def _members(blob: Path) -> dict[str, _Member]:
 
 def _extract(blob: Path, name: str, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(blob, mode="r|*") as tar:
+    with blob.open("rb") as raw, tarfile.open(fileobj=layer_tar(raw), mode="r|*") as tar:
         for info in tar:
             if info.name.removeprefix("./") == name and info.isfile():
                 stream = tar.extractfile(info)

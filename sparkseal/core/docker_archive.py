@@ -4,29 +4,73 @@ An image is stored once, as its OCI layout; the archive is the same blobs (gzip 
 both engines decompress) under ``blobs/sha256/`` and a ``manifest.json`` naming the config, the layers and
 one repository tag. It is written on demand, to a pipe or a file, so no build writes (and no cache stores)
 the image a second time.
+
+A docker-archive cannot carry zstd layers (skopeo: "zstd compression is not supported for docker
+images"), so a zstd layer goes in as its uncompressed tar, named by its diff_id as ``docker save`` names
+layers: the engine checks it against the config's diff_ids as usual. Its size is counted by a first
+decompression, since a tar member's header comes before its bytes.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
-from sparkseal.core.oci import LayoutError, blob_path, canonical_json, read_image
-from sparkseal.core.tar import TarWriter, Writable
+from sparkseal.core.oci import (
+    ZSTD_LAYER_MEDIA_TYPE,
+    LayoutError,
+    blob_path,
+    canonical_json,
+    read_image,
+)
+from sparkseal.core.pzstd import reader
+from sparkseal.core.tar import CHUNK, TarWriter, Writable
 
 # Members are plain files of the archive, read by the engine: one mode for all, as in the layout.
 BLOB_MODE = 0o644
 
 
-def write_docker_archive(layout: Path, stream: Writable, tag: str) -> None:
-    """Write the docker-archive of ``layout``'s image, tagged ``tag`` (REPOSITORY:TAG), to ``stream``."""
+def _tar_size(blob: Path, zstandard: Any) -> int:
+    size = 0
+    with blob.open("rb") as raw:
+        source = reader(raw, zstandard)
+        while chunk := source.read(CHUNK):
+            size += len(chunk)
+    return size
+
+
+def write_docker_archive(layout: Path, stream: Writable, tag: str, zstandard: Any = None) -> None:
+    """Write the docker-archive of ``layout``'s image, tagged ``tag`` (REPOSITORY:TAG), to ``stream``.
+
+    ``zstandard`` (the imported python-zstandard module) is needed only for an image of zstd layers.
+    """
     image = read_image(layout)
     config = image.manifest["config"]["digest"]
-    layers = [layer["digest"] for layer in image.layers]
     blob_name = "blobs/sha256/{}".format
+    zstd = [layer for layer in image.layers if layer.get("mediaType") == ZSTD_LAYER_MEDIA_TYPE]
+    if zstd and zstandard is None:
+        raise LayoutError(
+            f"{layout}: {len(zstd)} zstd layers go into a docker-archive uncompressed, which needs the "
+            f"zstandard module; expected --zstd-site (oci_load passes it for an image of zstd layers)"
+        )
+    diff_ids: list[str] = []
+    if zstd:
+        with blob_path(layout, config).open("rb") as config_blob:
+            diff_ids = list(json.load(config_blob).get("rootfs", {}).get("diff_ids", []))
+        if len(diff_ids) != len(image.layers):
+            raise LayoutError(
+                f"{layout}: the config names {len(diff_ids)} diff_ids for {len(image.layers)} layers"
+            )
+    # Each layer's archive member: its blob, or for a zstd layer its tar, under its diff_id.
+    members = [
+        diff_ids[i] if layer.get("mediaType") == ZSTD_LAYER_MEDIA_TYPE else layer["digest"]
+        for i, layer in enumerate(image.layers)
+    ]
     manifest = [
         {
             "Config": blob_name(config.removeprefix("sha256:")),
-            "Layers": [blob_name(digest.removeprefix("sha256:")) for digest in layers],
+            "Layers": [blob_name(digest.removeprefix("sha256:")) for digest in members],
             "RepoTags": [tag],
         }
     ]
@@ -42,12 +86,26 @@ def write_docker_archive(layout: Path, stream: Writable, tag: str) -> None:
             raise LayoutError(
                 f"{path}: blob {descriptor['digest']} has {size} bytes, expected {descriptor.get('size')}"
             )
+    tars = {
+        diff_ids[i]: (
+            blob_path(layout, layer["digest"]),
+            _tar_size(blob_path(layout, layer["digest"]), zstandard),
+        )
+        for i, layer in enumerate(image.layers)
+        if layer.get("mediaType") == ZSTD_LAYER_MEDIA_TYPE
+    }
     writer = TarWriter(stream)
     writer.directory("blobs")
     writer.directory("blobs/sha256")
     # Every blob the image needs (and its manifest, as in the layout), in digest order; a missing one
     # fails with its path.
-    for digest in sorted({config, image.digest, *layers}):
-        writer.file(blob_name(digest.removeprefix("sha256:")), BLOB_MODE, blob_path(layout, digest))
+    for digest in sorted({config, image.digest, *members}):
+        name = blob_name(digest.removeprefix("sha256:"))
+        if digest in tars:
+            blob, size = tars[digest]
+            with blob.open("rb") as raw:
+                writer.stream(name, BLOB_MODE, size, reader(raw, zstandard))
+        else:
+            writer.file(name, BLOB_MODE, blob_path(layout, digest))
     writer.data("manifest.json", canonical_json(manifest))
     writer.close()

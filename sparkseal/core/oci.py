@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
 from sparkseal.core.digests import sha256_file
+from sparkseal.core.pzstd import MAGIC as ZSTD_MAGIC
+from sparkseal.core.pzstd import load_zstandard
+from sparkseal.core.pzstd import reader as zstd_reader
 
-# The OCI media type of gzip-compressed layers: the compression every consumer of our images reads. zstd
-# layers are refused by umoci 0.4.7 and cannot go into a docker-archive (bench/results/compression.md).
+# The OCI media type of gzip-compressed layers: the compression every consumer of our images reads, and
+# the default. zstd layers (`--//rules:layer_compression=zstd`) are smaller and several times cheaper to
+# write and read, but umoci 0.4.7 refuses them and a docker-archive cannot carry them
+# (bench/results/compression.md): `.load` writes their tars uncompressed into the archive.
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+ZSTD_LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
+# Layer compression (the build setting's values) -> media type; one table for writers and readers.
+LAYER_MEDIA_TYPES = {"gzip": LAYER_MEDIA_TYPE, "zstd": ZSTD_LAYER_MEDIA_TYPE}
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -48,6 +57,18 @@ TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 class LayoutError(ValueError):
     """A directory is not an OCI image layout with one readable image; the message names the file."""
+
+
+def layer_tar(stream: IO[bytes]) -> IO[bytes]:
+    """The tar of a layer blob, for ``tarfile.open(fileobj=..., mode="r|*")``: zstd is decompressed here.
+
+    tarfile reads gzip itself but not zstd; the blob's first bytes say which it is, whatever its media type
+    claims, so a reader cannot be misled into reading compressed bytes as a tar.
+    """
+    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)  # type: ignore[arg-type]
+    if buffered.peek(len(ZSTD_MAGIC))[: len(ZSTD_MAGIC)] == ZSTD_MAGIC:
+        return zstd_reader(buffered, load_zstandard())
+    return buffered
 
 
 def canonical_json(value: object) -> bytes:

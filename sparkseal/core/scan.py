@@ -41,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from sparkseal.core.catalogue import Catalogue, CatalogueError
-from sparkseal.core.oci import LayoutError, blob_path
+from sparkseal.core.oci import LayoutError, blob_path, layer_tar
 
 DEFAULT_ALLOW = Path(".sparkseal-scan-allow.json")
 SKIP_DIRS = {".git"}
@@ -663,7 +663,7 @@ def scan_layer_stream(stream: IO[bytes], layer: str, catalogue: Catalogue) -> tu
     files, findings = 0, []
     with tempfile.TemporaryDirectory(prefix="sparkseal-layer-scan-") as scratch:
         batches = _CatalogueBatches(catalogue, layer, Path(scratch))
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        with tarfile.open(fileobj=layer_tar(stream), mode="r|*") as tar:
             for member in tar:
                 name = _member_path(member.name)
                 if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):

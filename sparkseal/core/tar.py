@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from sparkseal.core.determinism import DIR_MODE, FILE_MODE, GID, SOURCE_DATE_EPOCH, UID
 
@@ -144,6 +144,19 @@ class TarWriter:
             raise TarError(f"{source}: read {copied} bytes, expected {size} (the file changed while read)")
         self._stream.write(b"\0" * (-size % BLOCK))
         return content.hexdigest() if content is not None else None
+
+    def stream(self, path: str, mode: int, size: int, source: BinaryIO) -> None:
+        """Write a regular file member of ``size`` bytes read from ``source`` (a decompressing reader)."""
+        self._stream.write(_header(_encode(path), b"0", mode, size))
+        copied = 0
+        while chunk := source.read(CHUNK):
+            copied += len(chunk)
+            if copied > size:
+                break
+            self._stream.write(chunk)
+        if copied != size:
+            raise TarError(f"{path}: read {copied}+ bytes, expected {size} (the source changed while read)")
+        self._stream.write(b"\0" * (-size % BLOCK))
 
     def data(self, path: str, content: bytes, mode: int = FILE_MODE) -> None:
         """Write a regular file member from bytes in memory."""

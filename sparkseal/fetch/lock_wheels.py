@@ -1,12 +1,12 @@
 """Write the locks of tool wheels: the kernel toolchain (CUDA 13.0 compiler parts, cmake, ninja,
-scikit-build-core) and the secret scanner of the image build.
+scikit-build-core), the secret scanner of the image build and the zstd compressor of its zstd layers.
 
-``python3 -m sparkseal.fetch.lock_wheels [--set cuda|scanner]`` looks up every pinned wheel of the set on the
-configured index (PEP 691) and writes its lock (``third_party/cuda/toolchain.lock.json``,
-``third_party/scan/scanner.lock.json``): per project its version and, per platform, the exact wheel
-filename and sha256. ``--check`` compares the index with the existing lock instead of writing it. The
-``cuda_toolkit`` and ``secret_scanner`` repository rules read them; Bazel's downloader fetches and verifies
-each file.
+``python3 -m sparkseal.fetch.lock_wheels [--set cuda|scanner|zstd]`` looks up every pinned wheel of the set
+on the configured index (PEP 691) and writes its lock (``third_party/cuda/toolchain.lock.json``,
+``third_party/scan/scanner.lock.json``, ``third_party/python/zstandard.lock.json``): per project its
+version and, per platform, the exact wheel filename and sha256. ``--check`` compares the index with the
+existing lock instead of writing it. The ``cuda_toolkit``, ``secret_scanner`` and ``host_wheel``
+repository rules read them; Bazel's downloader fetches and verifies each file.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class Pin:
     project: str
     version: str
     platforms: tuple[str, ...]
+    # The interpreter tag of a wheel with a CPython extension (``cp311``: the build host's python3);
+    # empty for wheels that do not depend on it.
+    python: str = ""
 
 
 # CUDA 13.0 (update 2) to match the driver 580 / nvcc 13.0 of the H200 machines. The build host is x86_64
@@ -69,13 +72,21 @@ PINS: tuple[Pin, ...] = (
 SCANNER_PINS: tuple[Pin, ...] = (Pin("kingfisher-bin", "2.14.0", (LINUX_X86_64, LINUX_AARCH64)),)
 
 SCANNER_LOCK = Path("third_party/scan/scanner.lock.json")
-PIN_SETS = ("cuda", "scanner")
+
+# The zstd compressor of zstd image layers (sparkseal/core/pzstd.py): python-zstandard, whose C extension
+# bundles libzstd, so the blobs' bytes depend on this lock and not on the build machine's packages. Its
+# extension is built for the interpreter the actions run with, bookworm's CPython 3.11.
+ZSTD_PINS: tuple[Pin, ...] = (Pin("zstandard", "0.25.0", (LINUX_X86_64, LINUX_AARCH64), python="cp311"),)
+ZSTD_LOCK = Path("third_party/python/zstandard.lock.json")
+PIN_SETS = ("cuda", "scanner", "zstd")
 
 
 def pin_set(name: str) -> tuple[tuple[Pin, ...], Path, str]:
     """``--set NAME``: its pins, where their lock lives, and the pins' name in this module."""
     if name == "scanner":
         return SCANNER_PINS, SCANNER_LOCK, "SCANNER_PINS"
+    if name == "zstd":
+        return ZSTD_PINS, ZSTD_LOCK, "ZSTD_PINS"
     return PINS, DEFAULT_LOCK, "PINS"
 
 
@@ -109,6 +120,8 @@ def select_wheel(pin: Pin, platform: str, files: Sequence[IndexFile], page_url: 
     for file in files:
         parts = wheel_parts(file.filename)
         if parts and parts[0] == name and parts[1] == pin.version and platform_matches(parts[2], platform):
+            if pin.python and not _for_interpreter(file.filename, pin.python):
+                continue
             found.append(file)
     if len(found) != 1:
         listed = ", ".join(f.filename for f in found) or "none"
@@ -117,6 +130,12 @@ def select_wheel(pin: Pin, platform: str, files: Sequence[IndexFile], page_url: 
             f"found {listed}"
         )
     return found[0]
+
+
+def _for_interpreter(filename: str, python: str) -> bool:
+    """True if a wheel's tags name the interpreter ``python`` (``cp311``) with its own ABI."""
+    name = wheel_name_or_none(filename)
+    return name is not None and any(tag.startswith(f"{python}-{python}-") for tag in name.tags)
 
 
 def _download_sha256(file: IndexFile) -> str:
