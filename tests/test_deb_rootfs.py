@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.actions.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs, main
+from sparkseal.actions import oci_layer
+from sparkseal.actions.debian_rootfs import main
+from sparkseal.core.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
 from sparkseal.fetch.lock_debian import read_lock, resolve_uris
@@ -350,6 +352,47 @@ def test_main_reports_errors_with_exit_status_1(
     lock = write_lock(tmp_path / "lock.json", lock_for(debs, ARCH))
     assert main([*args, *map(str, debs)]) == 0
     assert f"deb_rootfs: {len(debs)} packages unpacked" in capsys.readouterr().out
+
+
+def test_a_layer_of_debs_equals_the_layer_of_their_unpacked_tree(
+    debs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The base layer unpacks its .debs in its own action: the same bytes as writing the rootfs tree."""
+    tree = _build(debs, tmp_path / "tree")
+    lock = tmp_path / "tree" / "lock.json"
+    from_tree, from_debs = tmp_path / "from-tree", tmp_path / "from-debs"
+    for out in (from_tree, from_debs):
+        out.mkdir()
+    common = ["--blob", "l.tar.gz", "--descriptor", "l.json"]
+    tree_args = ["--tree", str(tree), "/", "--links", str(tmp_path / "tree/links.json"), "/"]
+    tree_args += ["--dirs", str(tmp_path / "tree/dirs.json"), "/"]
+    assert oci_layer.main([*tree_args, *_at(from_tree, common)]) == 0
+    deb_args = [arg for deb in reversed(debs) for arg in ("--deb", str(deb))] + ["--deb-lock", str(lock)]
+    assert oci_layer.main([*deb_args, *_at(from_debs, common)]) == 0
+    for name in ("l.tar.gz", "l.json"):
+        assert (from_debs / name).read_bytes() == (from_tree / name).read_bytes()
+    # Nothing of the unpacked tree is left beside the layer.
+    assert sorted(p.name for p in from_debs.iterdir()) == ["l.json", "l.tar.gz"]
+
+    # A .deb the lock does not name fails the layer, which writes nothing.
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    bad = write_lock(tmp_path / "short.lock.json", lock_for(debs[1:], ARCH))
+    args = [arg for deb in debs for arg in ("--deb", str(deb))] + ["--deb-lock", str(bad)]
+    assert oci_layer.main([*args, *_at(failed, common)]) == 1
+    assert (
+        f"sparkseal: {bad}: expected exactly the locked .debs; missing none, unlocked"
+        in capsys.readouterr().err
+    )
+    assert list(failed.iterdir()) == []
+    with pytest.raises(SystemExit):
+        oci_layer.main(["--deb", str(debs[0]), *_at(failed, common)])
+    assert "--deb and --deb-lock go together" in capsys.readouterr().err
+
+
+def _at(out: Path, args: list[str]) -> list[str]:
+    """Layer arguments with the output file names placed in ``out``."""
+    return [str(out / arg) if arg.startswith("l.") else arg for arg in args]
 
 
 def _locked_debs(arch: str, tmp: Path) -> tuple[Path, list[Path]]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+from tests.bazel_remote import read_execution_log
+from tests.bazel_util import BAZEL, REPO, SCANNER_WORKSPACE, ZSTD_WORKSPACE, Workspace, base_env
 from tests.fixtures_debian import AptRepo, Exec, Link, lock_for, make_deb, sha256, write_lock
 
 pytestmark = [
@@ -21,8 +23,9 @@ pytestmark = [
 ]
 
 ARCH = "amd64"
-COPIES = ("rules", "sparkseal", "third_party/bazel")
-WORKSPACE = """\
+COPIES = ("rules", "sparkseal", "third_party/bazel", "third_party/scan", "third_party/python")
+WORKSPACE = (
+    """\
 workspace(name = "sparkseal")
 
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
@@ -34,12 +37,18 @@ load("//rules/private:debian.bzl", "debian_packages")
 
 debian_packages(name = "debian_fixture", lock = "//:fixture.lock.json")
 """
+    + SCANNER_WORKSPACE
+    + ZSTD_WORKSPACE
+)
 BUILD = """\
 load("//rules/private:debian.bzl", "debian_rootfs")
+load("//rules/private:oci_layer.bzl", "oci_layer")
 
 exports_files(["fixture.lock.json"])
 
 debian_rootfs(name = "rootfs", debs = ["@debian_fixture//:debs"], lock = "@debian_fixture//:lock")
+
+oci_layer(name = "base", rootfs = ":rootfs", scan = False)
 """
 TARGETS = ("@debian_fixture//:debs", "@debian_fixture//:libfoo++1", "//:rootfs")
 
@@ -177,3 +186,23 @@ def test_corrupt_download_is_rejected_with_actual_hash(fixture: Fixture) -> None
     assert f"actual {hashlib.sha256(corrupt).hexdigest()}" in result.output
     cached = ws.repository_cache / "content_addressable/sha256"
     assert not (cached / hashlib.sha256(corrupt).hexdigest()).exists()
+
+
+def test_the_base_layer_unpacks_its_debs_itself_and_builds_no_rootfs_tree(
+    fixture: Fixture, tmp_path: Path
+) -> None:
+    ws = fixture.workspace("ws-layer", fixture.tmp / "cache-layer")
+    try:
+        log = tmp_path / "exec.json"
+        result = ws.bazel("build", f"--execution_log_json_file={log}", "//:base")
+        assert result.returncode == 0, result.output
+        ran = sorted(str(spawn.get("mnemonic")) for spawn in read_execution_log(log))
+        assert ran == ["OciLayer"], ran
+        assert not _bin(ws, "rootfs").exists()
+        with tarfile.open(_bin(ws, "base.tar.gz")) as layer:
+            members = {m.name: m for m in layer.getmembers()}
+        assert members["usr/bin/tool"].mode == 0o755 and members["bin"].linkname == "usr/bin"
+        assert members["tmp"].mode == 0o1777
+        assert "var/lib/dpkg/status" in members
+    finally:
+        ws.shutdown()

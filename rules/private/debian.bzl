@@ -17,7 +17,9 @@ BUILD use::
                   lock = "@debian_linux_aarch64//:lock")
 
 gives `<name>/` (the tree of regular files), `<name>.links.json` (the links spec of every symlink) and
-`<name>.dirs.json` (every directory with its mode and owner), also as `DebianRootfsInfo`.
+`<name>.dirs.json` (every directory with its mode and owner), also as `DebianRootfsInfo`. An oci_layer
+with `rootfs` unpacks the .debs in its own action instead of reading that tree, so an image build does not
+write (or upload to a remote cache) the unpacked base OS beside its layer.
 """
 
 load(":common.bzl", "ACTION_ENV", "tool")
@@ -29,9 +31,12 @@ APT_ENVIRON = ["SPARKSEAL_APT_SOURCES", "NETRC"]
 _RESERVED_TARGETS = ["debs", "lock"]
 
 DebianRootfsInfo = provider(
-    doc = "A root file system unpacked from locked .debs, in the three parts a layer writer needs.",
+    doc = "A root file system from locked .debs: what unpacks it, and the unpacked tree in three parts.",
     fields = {
-        "tree": "File: directory (tree artifact) of regular files",
+        "debs": "list of File: the locked .debs (an oci_layer unpacks them in its own action)",
+        "lock": "File: the Debian lock the .debs are exactly",
+        "exclude": "string: the named path filter (`none` or `slim`)",
+        "tree": "File: directory (tree artifact) of regular files, built only when asked for",
         "links": "File: links spec, JSON object {path: target} of every symlink",
         "dirs": "File: JSON object {path: {mode, uid, gid}} of every directory",
     },
@@ -184,7 +189,14 @@ def _debian_rootfs_impl(ctx):
     )
     return [
         DefaultInfo(files = depset([tree, links, dirs])),
-        DebianRootfsInfo(tree = tree, links = links, dirs = dirs),
+        DebianRootfsInfo(
+            debs = ctx.files.debs,
+            lock = ctx.file.lock,
+            exclude = ctx.attr.exclude,
+            tree = tree,
+            links = links,
+            dirs = dirs,
+        ),
         OutputGroupInfo(tree = depset([tree]), links = depset([links]), dirs = depset([dirs])),
     ]
 

@@ -76,8 +76,10 @@ def _oci_layer_impl(ctx):
             inputs.append(f)
     rootfs = ctx.attr.rootfs[DebianRootfsInfo] if ctx.attr.rootfs else None
     if rootfs:
-        args.add_all(["--tree", rootfs.tree.path, "/"], expand_directories = False)
-        inputs.append(rootfs.tree)
+        # Unpacked inside this action (sparkseal/core/debian_rootfs.py): no rootfs tree is an output.
+        args.add_all(rootfs.debs, before_each = "--deb")
+        args.add_all(["--deb-lock", rootfs.lock, "--deb-exclude", rootfs.exclude])
+        inputs += rootfs.debs + [rootfs.lock]
     for target, dest in ctx.attr.files.items():
         files = target.files.to_list()
         if len(files) != 1 or files[0].is_directory:
@@ -88,16 +90,10 @@ def _oci_layer_impl(ctx):
         for f in target.files.to_list():
             args.add_all(["--links", f.path, dest])
             inputs.append(f)
-    if rootfs:
-        args.add_all(["--links", rootfs.links, "/"])
-        inputs.append(rootfs.links)
     for target, dest in ctx.attr.dirs.items():
         for f in target.files.to_list():
             args.add_all(["--dirs", f.path, dest])
             inputs.append(f)
-    if rootfs:
-        args.add_all(["--dirs", rootfs.dirs, "/"])
-        inputs.append(rootfs.dirs)
     for dest, target in ctx.attr.symlinks.items():
         args.add_all(["--symlink", dest, target])
     for dest in ctx.attr.directories:
@@ -198,7 +194,8 @@ module manifest list, so that no rank compiles a module at start-up.""",
         ),
         "rootfs": attr.label(
             providers = [DebianRootfsInfo],
-            doc = "A debian_rootfs written at `/`: its tree, links and directories (modes and owners).",
+            doc = "A debian_rootfs written at `/`: its locked .debs, unpacked in the layer's own action " +
+                  "(no rootfs tree is built), with their links and directories (modes and owners).",
         ),
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "One file -> image path."),
         "links": attr.label_keyed_string_dict(

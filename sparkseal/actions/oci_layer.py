@@ -28,6 +28,10 @@ torch and the CUDA wheels). With ``--bytecode`` the installed sources are byte-c
 manifest). The layer's bytes are those of the same wheels installed by ``wheel_install``
 and written as a tree.
 
+A layer of locked .debs (``--deb``, with ``--deb-lock``) unpacks them (``sparkseal.core.debian_rootfs``)
+into a scratch directory the same way, and writes the tree, its links and directories at ``/``: the image
+build keeps no unpacked root file system (it would be a second copy of the base layer in every cache).
+
 With ``--split`` (a split file, ``sparkseal.core.wheel_split``) and ``--split-part``, the layer holds one
 part of a distribution installed as two layers: ``lower`` installs the upstream wheel the split names and
 leaves out the split's paths, their bytecode and the ``.dist-info``; ``upper`` installs our wheel and keeps
@@ -58,6 +62,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sparkseal.core.catalogue import Catalogue, CatalogueError
+from sparkseal.core.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
 from sparkseal.core.determinism import (
     DIR_MODE,
     EXEC_MODE,
@@ -543,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
     wheels.add_argument("--bytecode", action="store_true", help="byte-compile the installed sources")
     wheels.add_argument("--split", type=Path, help="split file of a distribution installed as two layers")
     wheels.add_argument("--split-part", choices=PARTS, help="which part of --split this layer holds")
+    debian = parser.add_argument_group("debs", "unpack locked .debs at / (the base OS)")
+    debian.add_argument("--deb", type=Path, action="append", default=[], help="a locked .deb to unpack")
+    debian.add_argument("--deb-lock", type=Path, help="the Debian lock the .debs must be exactly")
+    debian.add_argument("--deb-exclude", choices=sorted(EXCLUDE_PROFILES), default="slim")
     scan = parser.add_argument_group("scan", "scan the layer's files for secrets before writing it")
     scan.add_argument("--scanner", type=Path, help="the locked kingfisher binary")
     scan.add_argument("--scan-allow", type=Path, help="allow-list JSON (none: every finding fails)")
@@ -562,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{', '.join(f for f in needed if f not in missing)} given without --wheel")
     if args.bytecode and not args.wheel:
         parser.error("--bytecode given without --wheel: only installed wheels are byte-compiled")
+    if bool(args.deb) != (args.deb_lock is not None):
+        parser.error("--deb and --deb-lock go together")
     if (args.split is None) != (args.split_part is None):
         parser.error("--split and --split-part go together")
     if args.split and (not args.wheel or args.tree):
@@ -575,6 +586,26 @@ def main(argv: list[str] | None = None) -> int:
         zstandard = load_zstandard(args.zstd_site) if args.compression == "zstd" else None
         with contextlib.ExitStack() as stack:
             trees = [(Path(d), dest) for d, dest in args.tree]
+            links = [(Path(j), dest) for j, dest in args.links]
+            dirs = [(Path(j), dest) for j, dest in args.dirs]
+            if args.deb:
+                # Beside the outputs, as the wheels' scratch below.
+                unpacked = Path(
+                    stack.enter_context(tempfile.TemporaryDirectory(prefix=".debs-", dir=args.blob.parent))
+                )
+                tree = unpacked / "root"
+                tree.mkdir()
+                build_rootfs(
+                    args.deb,
+                    args.deb_lock,
+                    tree,
+                    unpacked / "links.json",
+                    unpacked / "dirs.json",
+                    args.deb_exclude,
+                )
+                trees.append((tree, "/"))
+                links.append((unpacked / "links.json", "/"))
+                dirs.append((unpacked / "dirs.json", "/"))
             modules = None
             scratch: Path | None = None
             venv_keep: Callable[[str], bool] | None = None
@@ -603,8 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = plan_layer(
                 trees=trees,
                 files=[(Path(s), dest) for s, dest in args.file],
-                links=[(Path(j), dest) for j, dest in args.links],
-                dirs=[(Path(j), dest) for j, dest in args.dirs],
+                links=links,
+                dirs=dirs,
                 symlinks=[tuple(s) for s in args.symlink],
                 directories=args.dir,
                 modes=[tuple(m) for m in args.mode],
@@ -634,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         CatalogueError,
         ScanInputError,
         SplitError,
+        DebError,
         ZstdUnavailable,
         OSError,
     ) as exc:
