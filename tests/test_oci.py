@@ -36,6 +36,7 @@ from tests.bazel_util import (
 )
 from tests.fixture_wheels import zstd_wheel_into
 from tests.nginx_cache import NGINX, NginxCache
+from tests.podman import working_podman
 from tests.registry_server import REGISTRY, Registry
 
 SCRIPT = b"#!/bin/sh\necho tool\n"
@@ -389,16 +390,8 @@ def test_umoci_stats_and_unpacks_files_with_their_modes(tmp_path: Path) -> None:
     assert _rootfs(tmp_path / "rootfs") == EXPECTED_ROOTFS
 
 
-def _podman() -> str:
-    podman = _tool("podman")
-    info = subprocess.run([podman, "--runtime", "runc", "info"], capture_output=True, text=True, check=False)
-    if info.returncode != 0:
-        pytest.skip(f"podman is installed but does not work here: {info.stderr.strip()[:200]}")
-    return podman
-
-
 def test_podman_loads_the_docker_archive(tmp_path: Path) -> None:
-    podman = _podman()
+    podman = working_podman()
     tag = f"sparkseal/fixture-load:{os.getpid()}"
     image = assemble(tmp_path, tag=tag)
     archive = image.archive
@@ -595,7 +588,7 @@ def test_bazel_editing_one_layer_reruns_only_that_layer_and_the_image(bazel_ws: 
 
 @pytest.mark.bazel
 def test_bazel_run_load_loads_into_podman(bazel_ws: Workspace) -> None:
-    podman = _podman()
+    podman = working_podman()
     tag = f"sparkseal/fixture-bazel:{os.getpid()}"
     (bazel_ws.root / "image" / "BUILD").write_text(IMAGE_BUILD.format(content="X = 1", tag=tag))
     try:

@@ -19,7 +19,7 @@ from sparkseal.core import oci as oci_core
 from sparkseal.core import pzstd
 from sparkseal.core.docker_archive import write_docker_archive
 from sparkseal.core.oci import ZSTD_LAYER_MEDIA_TYPE, LayoutError, layer_tar
-from tests.podman import PODMAN_RUN
+from tests.podman import run_image, working_podman
 
 zstandard = pytest.importorskip("zstandard")
 
@@ -166,18 +166,14 @@ def _image(root: Path, tag: str, zstd: bool = True) -> tuple[Path, list[oci.Laye
     return root / "layout", layers
 
 
-def _podman() -> str:
-    podman = shutil.which("podman")
-    if podman is None:
-        pytest.skip("podman is not installed (.ci/setup installs it)")
-    info = subprocess.run([podman, "--runtime", "runc", "info"], capture_output=True, text=True, check=False)
-    if info.returncode != 0:
-        pytest.skip(f"podman is installed but does not work here: {info.stderr.strip()[:200]}")
-    return podman
+def _runs_and_reads_the_other_layer(image: str) -> None:
+    ran = run_image(image)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "read from the other layer: zstd\n"
 
 
 def test_podman_pulls_and_runs_an_image_of_zstd_layers(tmp_path: Path) -> None:
-    podman = _podman()
+    podman = working_podman()
     skopeo = shutil.which("skopeo")
     if skopeo is None:
         pytest.skip("skopeo is not installed (.ci/setup installs it)")
@@ -193,14 +189,7 @@ def test_podman_pulls_and_runs_an_image_of_zstd_layers(tmp_path: Path) -> None:
         )
         inspected = json.loads(subprocess.check_output([podman, "image", "inspect", name]))[0]
         assert inspected["RootFS"]["Layers"] == [lay.diff_id for lay in layers]
-        ran = subprocess.run(
-            [podman, *PODMAN_RUN[1:], name],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert ran.returncode == 0, ran.stderr
-        assert ran.stdout == "read from the other layer: zstd\n"
+        _runs_and_reads_the_other_layer(name)
         stored = json.loads(subprocess.check_output([skopeo, "inspect", "--raw", f"oci:{complete}"]))
         assert {lay["mediaType"] for lay in stored["layers"]} == {ZSTD_LAYER_MEDIA_TYPE}
     finally:
@@ -208,7 +197,7 @@ def test_podman_pulls_and_runs_an_image_of_zstd_layers(tmp_path: Path) -> None:
 
 
 def test_a_docker_archive_carries_the_zstd_layers_as_tars_and_podman_loads_it(tmp_path: Path) -> None:
-    podman = _podman()
+    podman = working_podman()
     tag = f"sparkseal/zstd-archive:{os.getpid()}"
     layout, layers = _image(tmp_path, tag)
     archive = tmp_path / "image.tar"
@@ -226,14 +215,7 @@ def test_a_docker_archive_carries_the_zstd_layers_as_tars_and_podman_loads_it(tm
             [podman, "load", "-i", str(archive)], capture_output=True, text=True, check=False
         )
         assert loaded.returncode == 0, loaded.stderr
-        ran = subprocess.run(
-            [podman, *PODMAN_RUN[1:], name],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert ran.returncode == 0, ran.stderr
-        assert ran.stdout == "read from the other layer: zstd\n"
+        _runs_and_reads_the_other_layer(name)
     finally:
         subprocess.run([podman, "rmi", "--force", name], capture_output=True, check=False)
 

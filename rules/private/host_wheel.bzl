@@ -16,11 +16,14 @@ Targets: `:site` (the unpacked files; the directory is `<repository>/site`).
 load(":platforms.bzl", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
-def _host_wheel_impl(rctx):
-    lock = json.decode(rctx.read(rctx.attr.lock))
-    project = rctx.attr.project or rctx.attr.module
-    pinned = lock.get("wheels", {}).get(project, {})
-    platform = host_platform(rctx, "host_wheel %s" % rctx.name)
+def locked_host_wheel(rctx, project, purpose):
+    """The lock entry of `project`'s wheel for this build host: struct(filename, sha256, version, platform).
+
+    The lock is `rctx.attr.lock`, written by `sparkseal.fetch.lock_wheels`; a missing entry fails naming
+    the lock and the field.
+    """
+    pinned = json.decode(rctx.read(rctx.attr.lock)).get("wheels", {}).get(project, {})
+    platform = host_platform(rctx, purpose)
     entry = pinned.get("files", {}).get(platform)
     if type(entry) != "dict" or type(pinned.get("version")) != "string":
         fail("sparkseal: %s: expected wheels.%s.version and wheels.%s.files.%s.{filename,sha256}, got %r" % (
@@ -30,15 +33,25 @@ def _host_wheel_impl(rctx):
             platform,
             pinned,
         ))
-    archive = "_wheel/%s.zip" % entry["filename"]
-    download_locked_file(rctx, entry["filename"], entry["sha256"], archive)
+    return struct(
+        filename = entry["filename"],
+        sha256 = entry["sha256"],
+        version = pinned["version"],
+        platform = platform,
+    )
+
+def _host_wheel_impl(rctx):
+    project = rctx.attr.project or rctx.attr.module
+    entry = locked_host_wheel(rctx, project, "host_wheel %s" % rctx.name)
+    archive = "_wheel/%s.zip" % entry.filename
+    download_locked_file(rctx, entry.filename, entry.sha256, archive)
     rctx.extract(archive, output = "site")
     rctx.delete(archive)
     init = "site/%s/__init__.py" % rctx.attr.module
     if not rctx.path(init).exists:
         fail("sparkseal: host_wheel %s: %s holds no package %r (expected %s)" % (
             rctx.name,
-            entry["filename"],
+            entry.filename,
             rctx.attr.module,
             init,
         ))
@@ -46,7 +59,7 @@ def _host_wheel_impl(rctx):
     rctx.file("BUILD", "\n".join([
         'package(default_visibility = ["//visibility:public"])',
         "",
-        "# %s %s for %s (%s)" % (project, pinned["version"], platform, entry["filename"]),
+        "# %s %s for %s (%s)" % (project, entry.version, entry.platform, entry.filename),
         'filegroup(name = "site", srcs = glob(["site/**"]))',
         "",
     ]))

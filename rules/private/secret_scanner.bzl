@@ -12,37 +12,26 @@ instead (test workspaces pass the one of the hash-locked test venv); its version
 Target: `:kingfisher` (the executable). The provenance records the scanner from the same lock.
 """
 
-load(":platforms.bzl", "host_platform")
+load(":host_wheel.bzl", "locked_host_wheel")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
 _PROJECT = "kingfisher-bin"
 
 def _secret_scanner_impl(rctx):
-    lock = json.decode(rctx.read(rctx.attr.lock))
-    pinned = lock.get("wheels", {}).get(_PROJECT, {})
-    platform = host_platform(rctx, "secret_scanner " + rctx.name)
-    entry = pinned.get("files", {}).get(platform)
-    if type(entry) != "dict" or type(pinned.get("version")) != "string":
-        fail("sparkseal: %s: expected wheels.%s.version and wheels.%s.files.%s.{filename,sha256}, got %r" % (
-            rctx.attr.lock,
-            _PROJECT,
-            _PROJECT,
-            platform,
-            pinned,
-        ))
+    entry = locked_host_wheel(rctx, _PROJECT, "secret_scanner " + rctx.name)
     if rctx.attr.local_binary:
         rctx.symlink(rctx.attr.local_binary, "kingfisher")
     else:
-        archive = "_wheel/%s.zip" % entry["filename"]
-        download_locked_file(rctx, entry["filename"], entry["sha256"], archive)
+        archive = "_wheel/%s.zip" % entry.filename
+        download_locked_file(rctx, entry.filename, entry.sha256, archive)
         rctx.extract(archive, output = "_unpacked")
         rctx.symlink("_unpacked/kingfisher/bin/kingfisher", "kingfisher")
         rctx.delete(archive)
     found = rctx.execute(["./kingfisher", "--version"])
-    if found.return_code != 0 or found.stdout.strip() != "kingfisher " + pinned["version"]:
+    if found.return_code != 0 or found.stdout.strip() != "kingfisher " + entry.version:
         fail("sparkseal: secret_scanner %s: expected 'kingfisher %s' (locked in %s), got %r" % (
             rctx.name,
-            pinned["version"],
+            entry.version,
             rctx.attr.lock,
             (found.stdout + found.stderr).strip(),
         ))

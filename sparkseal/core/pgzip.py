@@ -2,20 +2,22 @@
 
 The input is cut into blocks of ``BLOCK_SIZE`` bytes; each block is deflated on its own, with the 32 KiB
 before it as preset dictionary (what a single deflate stream would still see of it), ended on a byte
-boundary by a sync flush, and the blocks are written in input order as one gzip member. The bytes then
-depend on the input, the block size, the level and the zlib build only: not on how many threads ran,
-nor on how the input was split into ``write`` calls. Any gzip reader decompresses the result (the
-back-references into the previous block are within deflate's 32 KiB window), as with ``pigz``. zlib
-releases the GIL while it compresses, so threads give real parallelism.
+boundary by a sync flush, and the blocks are written in input order as one gzip member
+(``sparkseal.core.blocks``). The bytes then depend on the input, the block size, the level and the zlib
+build only: not on how many threads ran, nor on how the input was split into ``write`` calls. Any gzip
+reader decompresses the result (the back-references into the previous block are within deflate's 32 KiB
+window), as with ``pigz``.
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import struct
 import zlib
+from collections.abc import Callable
+from functools import partial
 from typing import BinaryIO
+
+from sparkseal.core.blocks import BlockWriter
 
 # 1 MiB blocks: the loss against one stream is the per-block flush marker and the restart of the
 # compressor's match search (measured 0.1% on a vLLM layer); smaller blocks lose more.
@@ -36,61 +38,27 @@ def _deflate(level: int, dictionary: bytes, block: bytes, last: bool) -> bytes:
     return compressor.compress(block) + compressor.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
 
 
-class ParallelGzipWriter:
+class ParallelGzipWriter(BlockWriter):
     """A binary stream: ``write`` plain bytes, ``close`` finishes the gzip member (the target stays open)."""
 
     def __init__(self, target: BinaryIO, level: int, workers: int, block_size: int = BLOCK_SIZE) -> None:
         if workers < 1 or block_size < DICTIONARY_SIZE:
             raise ValueError(f"workers >= 1 and block_size >= {DICTIONARY_SIZE}: got {workers}, {block_size}")
-        self._target = target
+        super().__init__(target, workers, block_size)
         self._level = level
-        self._block_size = block_size
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
-        self._pending: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
-        self._limit = 2 * workers
-        self._buffer = bytearray()
         self._dictionary = b""
         self._crc = 0
         self._size = 0
-        self._closed = False
         target.write(_HEADER)
 
-    def _submit(self, block: bytes, last: bool) -> None:
-        self._pending.append(self._pool.submit(_deflate, self._level, self._dictionary, block, last))
+    def _task(self, block: bytes, last: bool) -> Callable[[], bytes]:
+        task = partial(_deflate, self._level, self._dictionary, block, last)
         self._dictionary = block[-DICTIONARY_SIZE:]
-        while len(self._pending) > self._limit:
-            self._target.write(self._pending.popleft().result())
+        return task
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self._closed:
-            raise ValueError("write to a closed ParallelGzipWriter")
+    def _plain(self, data: bytes | bytearray | memoryview) -> None:
         self._crc = zlib.crc32(data, self._crc)
         self._size += len(data)
-        self._buffer += data
-        while len(self._buffer) > self._block_size:
-            block = bytes(self._buffer[: self._block_size])
-            del self._buffer[: self._block_size]
-            self._submit(block, last=False)
-        return len(data)
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._submit(bytes(self._buffer), last=True)
-            while self._pending:
-                self._target.write(self._pending.popleft().result())
-            self._target.write(struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def __enter__(self) -> ParallelGzipWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        else:
-            self._closed = True
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    def _trailer(self) -> bytes:
+        return struct.pack("<II", self._crc, self._size & 0xFFFFFFFF)
