@@ -212,6 +212,22 @@ def test_the_image_scan_still_reads_a_written_layer(tmp_path: Path) -> None:
     assert count == 1 and [f.rule for f in findings] == ["betterleaks.huggingface-access-token"]
 
 
+def test_the_image_scan_reads_a_zstd_layer(tmp_path: Path) -> None:
+    """A zstd layer (``--config=zstd``) is decompressed for the scan: tarfile reads gzip only."""
+    zstandard = pytest.importorskip("zstandard")
+    conf = tmp_path / "a.conf"
+    conf.write_text(f"k = {HF}\n")
+    blob = tmp_path / "l.tar.zst"
+    oci_layer.write_layer(
+        oci_layer.plan_layer(files=[(conf, "/etc/a.conf")]), None, blob, zstandard=zstandard
+    )
+    with blob.open("rb") as stream:
+        count, findings = scan.scan_layer_stream(stream, "x", SCANNER)
+    assert count == 1 and [(f.rule, f.path) for f in findings] == [
+        ("betterleaks.huggingface-access-token", "etc/a.conf")
+    ]
+
+
 BUILD = """\
 load("//rules:defs.bzl", "oci_image", "oci_layer")
 
