@@ -527,7 +527,7 @@ def scan_entries(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
     pair = {"action": "append", "nargs": 2, "default": []}
     parser.add_argument("--tree", **pair, metavar=("DIR", "DEST"), help="directory tree -> image prefix")
@@ -562,6 +562,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zstd-site", type=Path, help="the unpacked locked zstandard wheel (zstd blobs)")
     parser.add_argument("--blob", type=Path, required=True, help="blob to write (gzip or zstd)")
     parser.add_argument("--descriptor", type=Path, required=True, help="JSON descriptor to write")
+    return parser
+
+
+def _unpack_debs(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, Path]:
+    """The locked .debs unpacked below ``scratch``: (tree, links spec, dirs spec)."""
+    tree, links, dirs = scratch / "root", scratch / "links.json", scratch / "dirs.json"
+    tree.mkdir()
+    build_rootfs(args.deb, args.deb_lock, tree, links, dirs, args.deb_exclude)
+    return tree, links, dirs
+
+
+def _install(args: argparse.Namespace, scratch: Path) -> Callable[[str], bool] | None:
+    """Install the wheels into ``scratch``; with a split, return which venv paths the layer keeps."""
+    replaces = read_replaces(args.replaces) if args.replaces else {}
+    install_wheels(
+        args.wheel,
+        scratch,
+        args.platform,
+        args.installer,
+        args.venv,
+        not args.no_pyvenv_cfg,
+        replaces,
+        bytecode=args.bytecode,
+    )
+    if args.split is None:
+        return None
+    return split_keep(load_split(args.split), args.split_part, scratch, args.venv, args.wheel)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     needed = {"--platform": args.platform, "--installer": args.installer, "--modules": args.modules}
     missing = [flag for flag, value in needed.items() if value is None]
@@ -588,48 +619,26 @@ def main(argv: list[str] | None = None) -> int:
             trees = [(Path(d), dest) for d, dest in args.tree]
             links = [(Path(j), dest) for j, dest in args.links]
             dirs = [(Path(j), dest) for j, dest in args.dirs]
+            # Scratch space beside the outputs, so on the output tree's filesystem rather than a small /tmp.
             if args.deb:
-                # Beside the outputs, as the wheels' scratch below.
-                unpacked = Path(
-                    stack.enter_context(tempfile.TemporaryDirectory(prefix=".debs-", dir=args.blob.parent))
+                unpacked = stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix=".debs-", dir=args.blob.parent)
                 )
-                tree = unpacked / "root"
-                tree.mkdir()
-                build_rootfs(
-                    args.deb,
-                    args.deb_lock,
-                    tree,
-                    unpacked / "links.json",
-                    unpacked / "dirs.json",
-                    args.deb_exclude,
-                )
+                tree, links_spec, dirs_spec = _unpack_debs(args, Path(unpacked))
                 trees.append((tree, "/"))
-                links.append((unpacked / "links.json", "/"))
-                dirs.append((unpacked / "dirs.json", "/"))
+                links.append((links_spec, "/"))
+                dirs.append((dirs_spec, "/"))
             modules = None
             scratch: Path | None = None
             venv_keep: Callable[[str], bool] | None = None
             keep: Callable[[str], bool] | None = None
             if args.wheel:
-                # Beside the outputs, so on the output tree's filesystem rather than a small /tmp.
                 scratch = Path(
                     stack.enter_context(tempfile.TemporaryDirectory(prefix=".wheels-", dir=args.blob.parent))
                 )
-                replaces = read_replaces(args.replaces) if args.replaces else {}
-                install_wheels(
-                    args.wheel,
-                    scratch,
-                    args.platform,
-                    args.installer,
-                    args.venv,
-                    not args.no_pyvenv_cfg,
-                    replaces,
-                    bytecode=args.bytecode,
-                )
+                venv_keep = _install(args, scratch)
                 trees.append((scratch, "/"))
-                if args.split is not None:
-                    split = load_split(args.split)
-                    venv_keep = split_keep(split, args.split_part, scratch, args.venv, args.wheel)
+                if venv_keep is not None:
                     keep = _image_keep(venv_keep, args.venv, args.split_part)
             entries = plan_layer(
                 trees=trees,
