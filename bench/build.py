@@ -17,6 +17,11 @@ Scenarios, for our vLLM wheel and for each image:
   read-write remote cache, clone B at another path with an empty output base builds from it; the row is B's
   time and its hit rate (remote cache hits over all non-internal actions).
 
+The ``zstd`` section builds each image cold twice, in fresh clones with the warm download cache: with gzip
+layers (the default) and with zstd layers (``--config=zstd``); each row gives the compressed image and the
+physical limit of its own blobs (decompressed by ``gzip -dc`` or ``zstd -dc`` into ``sha256sum``), and the
+zstd image must hold the gzip image's tars (the same diff_ids).
+
 For an image (``--image-caches``), the cache row is the HTTP cache's with clone B building with
 ``--remote_download_toplevel`` (builds without the bytes), and it also gives what the cache holds after
 clone A's build and what clone B downloaded (from nginx's access log), against the compressed image. Clone
@@ -61,7 +66,7 @@ from tests.registry_server import Registry  # noqa: E402
 
 SHARED_CACHE = Path.home() / ".cache" / "sparkseal" / "repository"
 PATCH_EDIT = ("Reason:", "Reason: (edited by the benchmark)")
-SECTIONS = ("wheel", "caches", "remote-execution", "images")
+SECTIONS = ("wheel", "caches", "remote-execution", "images", "zstd")
 
 
 @dataclass
@@ -359,7 +364,9 @@ def physical_limit_wheel(wheel: Path, runs: int) -> Row:
     return row
 
 
-def physical_limit_image(platform_name: str, runs: int) -> Callable[[Workspace], Row]:
+def physical_limit_image(
+    platform_name: str, runs: int, decompress: str = "gzip"
+) -> Callable[[Workspace], Row]:
     """Every layer blob of the image decompressed into sha256sum: its files' bytes, read and hashed once."""
 
     def measure(ws: Workspace) -> Row:
@@ -369,13 +376,13 @@ def physical_limit_image(platform_name: str, runs: int) -> Callable[[Workspace],
         for _ in range(runs):
             start = time.monotonic()
             subprocess.run(
-                ["sh", "-c", 'for b in "$@"; do gzip -dc "$b"; done | sha256sum', "limit", *blobs],
+                ["sh", "-c", f'for b in "$@"; do {decompress} -dc "$b"; done | sha256sum', "limit", *blobs],
                 capture_output=True,
                 check=True,
             )
             row.times.append(time.monotonic() - start)
         sized = subprocess.run(
-            ["sh", "-c", 'for b in "$@"; do gzip -dc "$b"; done | wc -c', "size", *blobs],
+            ["sh", "-c", f'for b in "$@"; do {decompress} -dc "$b"; done | wc -c', "size", *blobs],
             capture_output=True,
             text=True,
             check=True,
@@ -384,6 +391,29 @@ def physical_limit_image(platform_name: str, runs: int) -> Callable[[Workspace],
         return row
 
     return measure
+
+
+def zstd_rows(scratch: Path, platform_name: str, runs: int) -> dict[str, Row]:
+    """Cold builds of one image with gzip and with zstd layers, each with its size and physical limit."""
+    rows: dict[str, Row] = {}
+    image = f"image_{platform_name}"
+    diff_ids = {}
+    for compression, flags in (("gzip", []), ("zstd", ["--config=zstd"])):
+        with clone(scratch, f"cold-{compression}") as ws:
+            row = rows.setdefault(f"cold, {compression} layers", Row())
+            row.times.append(bazel(ws, "build", *flags, f"//:{image}").seconds)
+            compressed = sum(layers(ws, image).values())
+            row.notes.append(f"{compressed / 1e9:.2f} GB compressed")
+            config = read_image(bin_dir(ws) / image).manifest["config"]["digest"]
+            diff_ids[compression] = json.loads(blob_path(bin_dir(ws) / image, config).read_text())["rootfs"]
+            limit = physical_limit_image(platform_name, runs, compression)(ws)
+            rows[f"physical limit, {compression} layers ({compression} -dc into sha256sum)"] = limit
+            row.notes.append(f"{row.median / limit.median:.1f}x its physical limit")
+    same = diff_ids["gzip"] == diff_ids["zstd"]
+    rows["cold, zstd layers"].notes.append(
+        "the same tars (diff_ids) as gzip" if same else "OTHER TARS THAN GZIP"
+    )
+    return rows
 
 
 def table(title: str, rows: dict[str, Row], cold_key: str = "cold, warm download cache") -> list[str]:
@@ -467,6 +497,13 @@ def main() -> int:
                 rows.update(cached)
                 publish(table(f"The image ({target}) from a remote cache", cached, ""))
             publish(goals(rows))
+        for name in args.images if "zstd" in args.only else []:
+            rows = zstd_rows(scratch, name, args.runs)
+            publish(
+                table(
+                    f"The image (//:image_{name}) with gzip and with zstd layers", rows, "cold, gzip layers"
+                )
+            )
     finally:
         remove_tree(scratch)
     return 0
