@@ -15,7 +15,7 @@ import pytest
 from sparkseal import cli
 from sparkseal.actions import provenance, sbom
 from sparkseal.actions.sparkseal_pex import tree_digest
-from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
 from tests.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
 
 TAG = "sparkseal/vllm:0.25.1-linux_aarch64"
@@ -133,6 +133,30 @@ def build(tmp_path: Path) -> Build:
 
 def _statement(build: Build) -> dict:
     return json.loads(build.statement.read_text())
+
+
+def test_zstd_layers_are_a_parameter_and_their_compressor_a_dependency(
+    build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "zstd.intoto.json"
+    zstd_lock = REPO / "third_party/python/zstandard.lock.json"
+    args = [*provenance_args(build, out), "--layer-compression", "zstd", "--zstd-lock", str(zstd_lock)]
+    assert provenance.main(args) == 0
+    definition = json.loads(out.read_text())["predicate"]["buildDefinition"]
+    assert definition["externalParameters"]["layerCompression"] == "zstd"
+    compressors = [
+        d for d in definition["resolvedDependencies"] if d["annotations"]["role"] == "layer-compressor"
+    ]
+    files = json.loads(zstd_lock.read_text())["wheels"]["zstandard"]["files"]
+    assert sorted((d["name"], d["digest"]["sha256"]) for d in compressors) == sorted(
+        (f["filename"], f["sha256"]) for f in files.values()
+    )
+    # gzip (the default) adds neither; a zstd build must name the compressor's lock.
+    assert "layerCompression" not in _statement(build)["predicate"]["buildDefinition"]["externalParameters"]
+    assert provenance.main([*provenance_args(build, out), "--layer-compression", "zstd"]) == 1
+    assert "--zstd-lock: expected it exactly with zstd layers, found layer compression 'zstd'" in (
+        capsys.readouterr().err
+    )
 
 
 def test_statement_subjects(build: Build) -> None:

@@ -7,6 +7,7 @@ See sparkseal/actions/provenance.py and sparkseal/actions/sbom.py for what each 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":kernels_wheel.bzl", "CudaArchsInfo")
 load(":oci_image.bzl", "OciImageInfo")
+load(":oci_layer.bzl", "LayerCompressionInfo")
 load(":pex.bzl", "SparksealPexInfo")
 load(":platforms.bzl", "PLATFORMS")
 
@@ -31,6 +32,14 @@ def _provenance_impl(ctx):
     args.add("--cuda-lock", ctx.file.cuda_lock)
     if ctx.file.scanner_lock:
         args.add("--scanner-lock", ctx.file.scanner_lock)
+
+    # zstd layers' bytes come from the locked compressor: a dependency like the scanner.
+    compression = ctx.attr._compression[LayerCompressionInfo].value
+    args.add("--layer-compression", compression)
+    zstd_lock = [ctx.file.zstd_lock] if compression == "zstd" and ctx.file.zstd_lock else []
+    if compression == "zstd" and not zstd_lock:
+        fail("sparkseal: %s: zstd layers need zstd_lock (third_party/python/zstandard.lock.json)" % ctx.label)
+    args.add_all(zstd_lock, before_each = "--zstd-lock")
     args.add_all(ctx.files.built_wheels, before_each = "--built-wheel")
 
     # A subject is named by its path below bazel-bin; the action reads its digest file (image, PEX) or
@@ -50,7 +59,7 @@ def _provenance_impl(ctx):
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
-        inputs = ctx.files.patches + ctx.files.built_wheels + ctx.files.scanner_lock + [
+        inputs = ctx.files.patches + ctx.files.built_wheels + ctx.files.scanner_lock + zstd_lock + [
             ctx.file.vllm_lock,
             ctx.file.python_lock,
             ctx.file.tools_lock,
@@ -90,12 +99,17 @@ provenance = rule(
             allow_single_file = [".json"],
             doc = "The secret scanner's lock (the layer scan's scanner, recorded as a dependency).",
         ),
+        "zstd_lock": attr.label(
+            allow_single_file = [".json"],
+            doc = "The zstd compressor's lock, recorded as a dependency when the layers are zstd.",
+        ),
         "built_wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels the build makes (byproducts)."),
         "bazel_version": attr.string(
             mandatory = True,
             doc = "The Bazel release the workspace is built with (Debian's bazel-bootstrap reports none).",
         ),
         "_cuda_archs_flag": attr.label(default = Label("//kernels_sm121:cuda_archs")),
+        "_compression": attr.label(default = Label("//rules:layer_compression")),
         "_tool": tool("//sparkseal/actions:provenance"),
     },
 )

@@ -62,6 +62,7 @@ from sparkseal.core.locks import (
     read_vllm_lock,
     read_wheel_lock,
 )
+from sparkseal.core.oci import LAYER_MEDIA_TYPES
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Inputs:
     bazel_version: str
     cuda_archs: str = ""
     scanner_lock: Path | None = None
+    layer_compression: str = "gzip"
+    zstd_lock: Path | None = None
 
 
 def patch_descriptors(patches: Iterable[tuple[str, Path]]) -> list[dict[str, Any]]:
@@ -143,6 +146,23 @@ def statement(inputs: Inputs) -> dict[str, Any]:
         dependencies.extend(
             item.descriptor() for item in read_toolchain_lock(inputs.scanner_lock, "secret-scanner")
         )
+    if (inputs.layer_compression == "zstd") != (inputs.zstd_lock is not None):
+        raise ProvenanceError(
+            f"--zstd-lock: expected it exactly with zstd layers, found layer compression "
+            f"{inputs.layer_compression!r} and zstd lock {inputs.zstd_lock}"
+        )
+    if inputs.zstd_lock is not None:
+        dependencies.extend(
+            item.descriptor() for item in read_toolchain_lock(inputs.zstd_lock, "layer-compressor")
+        )
+    parameters: dict[str, Any] = {
+        "cudaArchs": inputs.cuda_archs,
+        "platform": inputs.platform,
+        "targets": sorted(set(inputs.targets)),
+    }
+    if inputs.layer_compression != "gzip":
+        # Only a non-default compression is a parameter: gzip images keep their statements as before.
+        parameters["layerCompression"] = inputs.layer_compression
     byproducts = sorted((built_wheel(path) for path in inputs.built_wheels), key=lambda item: item.filename)
     return {
         "_type": STATEMENT_TYPE,
@@ -153,11 +173,7 @@ def statement(inputs: Inputs) -> dict[str, Any]:
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {
-                    "cudaArchs": inputs.cuda_archs,
-                    "platform": inputs.platform,
-                    "targets": sorted(set(inputs.targets)),
-                },
+                "externalParameters": parameters,
                 "internalParameters": {"sourceDateEpoch": SOURCE_DATE_EPOCH},
                 "resolvedDependencies": dependencies,
             },
@@ -186,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-lock", type=Path, required=True, help="third_party/cuda/toolchain.lock.json")
     parser.add_argument(
         "--scanner-lock", type=Path, default=None, help="third_party/scan/scanner.lock.json (the layer scan)"
+    )
+    parser.add_argument("--layer-compression", choices=sorted(LAYER_MEDIA_TYPES), default="gzip")
+    parser.add_argument(
+        "--zstd-lock", type=Path, default=None, help="third_party/python/zstandard.lock.json (zstd layers)"
     )
     parser.add_argument(
         "--built-wheel", type=Path, action="append", default=[], help="a wheel the build made"
@@ -226,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         bazel_version=args.bazel_version,
         cuda_archs=args.cuda_archs,
         scanner_lock=args.scanner_lock,
+        layer_compression=args.layer_compression,
+        zstd_lock=args.zstd_lock,
     )
     try:
         text = dumps(statement(inputs))
