@@ -19,7 +19,7 @@ FIXTURE_COPIES = (
     "sparkseal",
     "third_party/bazel",
     "third_party/scan",
-    "third_party/python",
+    "third_party/zstd",
     "third_party/vllm/BUILD",
     "patches/vllm/BUILD",
     "overlay/vllm/BUILD",
@@ -68,7 +68,7 @@ load("//rules:defs.bzl", "host_wheel")
 
 host_wheel(
     name = "zstandard",
-    lock = "//third_party/python:zstandard.lock.json",
+    lock = "//third_party/zstd:zstandard.lock.json",
     module = "zstandard",
 )
 """

@@ -26,7 +26,7 @@ from sparkseal.fetch.index import lookup
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "sparkseal"
 TOOLS_FILES = REPO / "third_party/python/tools.files.json"
-ZSTD_LOCK = REPO / "third_party/python/zstandard.lock.json"
+ZSTD_LOCK = REPO / "third_party/zstd/zstandard.lock.json"
 _DATE = (1980, 1, 1, 0, 0, 0)
 
 

@@ -104,7 +104,7 @@ def test_select_wheel_of_a_c_extension_takes_the_pinned_interpreter() -> None:
 
 
 def test_the_zstd_lock_names_a_cp311_wheel_per_build_host() -> None:
-    lock = json.loads((REPO / "third_party/python/zstandard.lock.json").read_text())
+    lock = json.loads((REPO / "third_party/zstd/zstandard.lock.json").read_text())
     files = lock["wheels"]["zstandard"]["files"]
     assert sorted(files) == [LINUX_AARCH64, LINUX_X86_64]
     for platform, entry in files.items():

@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 ARCH = "amd64"
-COPIES = ("rules", "sparkseal", "third_party/bazel", "third_party/scan", "third_party/python")
+COPIES = ("rules", "sparkseal", "third_party/bazel", "third_party/scan", "third_party/zstd")
 WORKSPACE = (
     """\
 workspace(name = "sparkseal")

@@ -695,6 +695,14 @@ def test_a_cache_hit_image_downloads_no_layer_until_it_is_loaded(tmp_path: Path)
                 assert pushed.output.count("bytes, from the remote cache)") == len(LAYER_BLOBS), pushed.output
                 digest = (out / "image.digest").read_text()
                 assert f"pushed {reference}@{digest}: {len(LAYER_BLOBS) + 1} blobs uploaded" in pushed.output
+                # Pushing again uploads nothing and reads nothing from the cache.
+                fetched_before = len(cache.access_log())
+                again = second.bazel("run", *flags, "--remote_download_toplevel", "//image:image.push", "--",
+                                     "--blob-cache", cache.url, reference)  # fmt: skip
+                assert again.returncode == 0, again.output
+                pushed_again = f"pushed {reference}@{digest}: 0 blobs uploaded (0 bytes), 3 already there"
+                assert pushed_again in again.output
+                assert not [line for line in cache.access_log()[fetched_before:] if line.startswith("GET ")]
             assert not [name for name in LAYER_BLOBS if (out_b / name).exists()]
 
             # .load reads the layers: Bazel 4.2.3 does not download a run target's runfiles under

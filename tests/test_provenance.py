@@ -139,7 +139,7 @@ def test_zstd_layers_are_a_parameter_and_their_compressor_a_dependency(
     build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "zstd.intoto.json"
-    zstd_lock = REPO / "third_party/python/zstandard.lock.json"
+    zstd_lock = REPO / "third_party/zstd/zstandard.lock.json"
     args = [*provenance_args(build, out), "--layer-compression", "zstd", "--zstd-lock", str(zstd_lock)]
     assert provenance.main(args) == 0
     definition = json.loads(out.read_text())["predicate"]["buildDefinition"]

@@ -2,7 +2,7 @@
 
 WORKSPACE use::
 
-    host_wheel(name = "zstandard", lock = "//third_party/python:zstandard.lock.json", module = "zstandard")
+    host_wheel(name = "zstandard", lock = "//third_party/zstd:zstandard.lock.json", module = "zstandard")
 
 The lock (`python3 -m sparkseal.fetch.lock_wheels --set zstd` writes it) names the wheel of each build host
 platform; the one of this host is fetched by filename and sha256 through `download_locked_file` and

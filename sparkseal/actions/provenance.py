@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--layer-compression", choices=sorted(LAYER_MEDIA_TYPES), default="gzip")
     parser.add_argument(
-        "--zstd-lock", type=Path, default=None, help="third_party/python/zstandard.lock.json (zstd layers)"
+        "--zstd-lock", type=Path, default=None, help="third_party/zstd/zstandard.lock.json (zstd layers)"
     )
     parser.add_argument(
         "--built-wheel", type=Path, action="append", default=[], help="a wheel the build made"

@@ -211,7 +211,7 @@ def read_debian_lock(path: Path) -> list[Locked]:
 def read_toolchain_lock(path: Path, role: str = "toolchain") -> list[Locked]:
     """Every file of a tool-wheel lock (``third_party/cuda/toolchain.lock.json``, or with ``role``
     ``secret-scanner`` ``third_party/scan/scanner.lock.json``, with ``layer-compressor``
-    ``third_party/python/zstandard.lock.json``; all are written by ``lock_wheels``).
+    ``third_party/zstd/zstandard.lock.json``; all are written by ``lock_wheels``).
 
     The toolchain repository fetches every file the lock names, for every platform key, so all are listed;
     of the scanner's, the build host's one runs, and all are listed as the lock pins them together.

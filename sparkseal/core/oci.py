@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -67,8 +68,31 @@ def layer_tar(stream: IO[bytes]) -> IO[bytes]:
     """
     buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)  # type: ignore[arg-type]
     if buffered.peek(len(ZSTD_MAGIC))[: len(ZSTD_MAGIC)] == ZSTD_MAGIC:
-        return zstd_reader(buffered, load_zstandard())
+        zstandard = load_zstandard()
+        return _TarReadErrors(zstd_reader(buffered, zstandard), zstandard.ZstdError)
     return buffered
+
+
+class _TarReadErrors(io.RawIOBase):
+    """A decompressing stream whose corrupt input is a ``tarfile.ReadError``, as a corrupt gzip layer's is."""
+
+    def __init__(self, stream: IO[bytes], error: type[Exception]) -> None:
+        self._stream = stream
+        self._error = error
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._stream.read(size)
+        except self._error as error:
+            raise tarfile.ReadError(f"zstd: {error}") from error
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 def canonical_json(value: object) -> bytes:

@@ -52,7 +52,7 @@ def load_zstandard(site: Path | None = None) -> Any:
         where = str(site) if site is not None else "the Python path"
         raise ZstdUnavailable(
             f"zstd layers need the zstandard module, which {where} does not provide ({error}); "
-            f"install the locked version (third_party/python/zstandard.lock.json)"
+            f"install the locked version (third_party/zstd/zstandard.lock.json)"
         ) from error
 
 

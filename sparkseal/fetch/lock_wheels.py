@@ -3,7 +3,7 @@ scikit-build-core), the secret scanner of the image build and the zstd compresso
 
 ``python3 -m sparkseal.fetch.lock_wheels [--set cuda|scanner|zstd]`` looks up every pinned wheel of the set
 on the configured index (PEP 691) and writes its lock (``third_party/cuda/toolchain.lock.json``,
-``third_party/scan/scanner.lock.json``, ``third_party/python/zstandard.lock.json``): per project its
+``third_party/scan/scanner.lock.json``, ``third_party/zstd/zstandard.lock.json``): per project its
 version and, per platform, the exact wheel filename and sha256. ``--check`` compares the index with the
 existing lock instead of writing it. The ``cuda_toolkit``, ``secret_scanner`` and ``host_wheel``
 repository rules read them; Bazel's downloader fetches and verifies each file.
@@ -77,7 +77,7 @@ SCANNER_LOCK = Path("third_party/scan/scanner.lock.json")
 # bundles libzstd, so the blobs' bytes depend on this lock and not on the build machine's packages. Its
 # extension is built for the interpreter the actions run with, bookworm's CPython 3.11.
 ZSTD_PINS: tuple[Pin, ...] = (Pin("zstandard", "0.25.0", (LINUX_X86_64, LINUX_AARCH64), python="cp311"),)
-ZSTD_LOCK = Path("third_party/python/zstandard.lock.json")
+ZSTD_LOCK = Path("third_party/zstd/zstandard.lock.json")
 PIN_SETS = ("cuda", "scanner", "zstd")
 
 
