@@ -1,7 +1,7 @@
 """`oci_image` (layout directory, digest), `oci_load` and `oci_push` (its `bazel run` targets)."""
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
-load(":oci_layer.bzl", "OciLayerInfo")
+load(":oci_layer.bzl", "OciLayerInfo", "zstd_package")
 
 OciImageInfo = provider(
     doc = "An image written by oci_image.",
@@ -129,8 +129,8 @@ def _oci_load_impl(ctx):
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
 
     # With zstd layers (--//rules:layer_compression=zstd) a docker-archive gets their tars decompressed.
-    inits = [f for f in ctx.files._zstd_module if f.short_path.endswith("/site/zstandard/__init__.py")]
-    zstd = ' --zstd-site "$runfiles/%s"' % inits[0].short_path.rpartition("/zstandard/")[0] if inits else ""
+    package = zstd_package(ctx.files._zstd_module)
+    zstd = ' --zstd-site "$runfiles/%s"' % package.short_path.rpartition("/zstandard/")[0] if package else ""
     ctx.actions.write(
         output = script,
         content = _LOAD_SCRIPT.format(

@@ -30,6 +30,14 @@ layer_compression = rule(
     build_setting = config.string(flag = True),
 )
 
+def zstd_package(files):
+    """The `zstandard/__init__.py` of the unpacked zstandard wheel among `files` (//rules:zstd_module), or None.
+
+    Its directory's parent is the `site` an action or the load program puts on its Python path.
+    """
+    inits = [f for f in files if f.short_path.endswith("/site/zstandard/__init__.py")]
+    return inits[0] if len(inits) == 1 else None
+
 OciLayerInfo = provider(
     doc = "One image layer written by oci_layer.",
     fields = {
@@ -131,10 +139,10 @@ def _oci_layer_impl(ctx):
     tools = []
     if compression == "zstd":
         # The locked zstandard wheel of the build host, unpacked (rules/private/host_wheel.bzl).
-        inits = [f for f in ctx.files._zstd_module if f.path.endswith("/site/zstandard/__init__.py")]
-        if len(inits) != 1:
+        package = zstd_package(ctx.files._zstd_module)
+        if not package:
             fail("sparkseal: %s: zstd layers need @zstandard//:site (host_wheel in the WORKSPACE)" % ctx.label)
-        args.add_all(["--compression", "zstd", "--zstd-site", inits[0].dirname.rpartition("/")[0]])
+        args.add_all(["--compression", "zstd", "--zstd-site", package.dirname.rpartition("/")[0]])
         tools += ctx.files._zstd_module
     args.add_all(["--blob", blob, "--descriptor", descriptor])
 

@@ -62,18 +62,6 @@ def write_docker_archive(layout: Path, stream: Writable, tag: str, zstandard: An
             raise LayoutError(
                 f"{layout}: the config names {len(diff_ids)} diff_ids for {len(image.layers)} layers"
             )
-    # Each layer's archive member: its blob, or for a zstd layer its tar, under its diff_id.
-    members = [
-        diff_ids[i] if layer.get("mediaType") == ZSTD_LAYER_MEDIA_TYPE else layer["digest"]
-        for i, layer in enumerate(image.layers)
-    ]
-    manifest = [
-        {
-            "Config": blob_name(config.removeprefix("sha256:")),
-            "Layers": [blob_name(digest.removeprefix("sha256:")) for digest in members],
-            "RepoTags": [tag],
-        }
-    ]
     # Sizes before the first byte is written: a blob kept outside the layout (``EXTERNAL_BLOBS``) that is
     # missing or is another file fails here, with nothing sent to the engine.
     for descriptor in [image.manifest["config"], *image.layers]:
@@ -86,14 +74,24 @@ def write_docker_archive(layout: Path, stream: Writable, tag: str, zstandard: An
             raise LayoutError(
                 f"{path}: blob {descriptor['digest']} has {size} bytes, expected {descriptor.get('size')}"
             )
-    tars = {
-        diff_ids[i]: (
-            blob_path(layout, layer["digest"]),
-            _tar_size(blob_path(layout, layer["digest"]), zstandard),
-        )
-        for i, layer in enumerate(image.layers)
-        if layer.get("mediaType") == ZSTD_LAYER_MEDIA_TYPE
-    }
+    # Each layer's archive member: its blob, or for a zstd layer its tar, under its diff_id (with the blob
+    # and the tar's size, counted before the archive is written).
+    members: list[str] = []
+    tars: dict[str, tuple[Path, int]] = {}
+    for i, layer in enumerate(image.layers):
+        if layer.get("mediaType") == ZSTD_LAYER_MEDIA_TYPE:
+            blob = blob_path(layout, layer["digest"])
+            tars[diff_ids[i]] = (blob, _tar_size(blob, zstandard))
+            members.append(diff_ids[i])
+        else:
+            members.append(layer["digest"])
+    manifest = [
+        {
+            "Config": blob_name(config.removeprefix("sha256:")),
+            "Layers": [blob_name(digest.removeprefix("sha256:")) for digest in members],
+            "RepoTags": [tag],
+        }
+    ]
     writer = TarWriter(stream)
     writer.directory("blobs")
     writer.directory("blobs/sha256")
