@@ -1,0 +1,227 @@
+"""Where the sparse-MLA decode kernel's time goes: timed whole and with one stage compiled out.
+
+    python bench/sparse_mla_stages.py [--arch sm_90a] [--out bench/results/sparse_mla_stages.md]
+
+Builds the library from ``kernels_sm121/csrc`` as it is and once per stage of the bf16 QK^T
+kernel's main loop (``sparse_mla_kernel.cuh``) with that stage compiled out, by
+``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>`` guards inserted into a copy of the sources. Then it times
+the GB10-proxy goal shapes of ``bench/sparse_mla.py`` (``GOALS``, shared memory capped at 101376
+bytes, ``qk=bf16``) with each library, one process per library, the same way that bench does.
+
+Stages: ``dequant`` (the staged fp8 records into the bf16 K tile), ``load`` (the cp.async copies
+of every tile after the first ``kStages``), ``s`` (S = Q K^T) and ``pv`` (O += P V). What a variant
+saves bounds what its stage costs where stages do not overlap; the variants' outputs are wrong by
+construction and only timed. Needs nvcc and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CSRC = REPO / "kernels_sm121" / "csrc"
+KERNEL = "sparse_mla_kernel.cuh"
+
+# Each stage: the first and the last text of the statements it compiles out, in KERNEL.
+STAGES: dict[str, tuple[str, str]] = {
+    "dequant": ("    dequant_tile(stage);", "dequant_tile(stage);"),
+    "load": (
+        "    if (refill) issue_tile(it + kStages, stage, loc);",
+        "issue_tile(it + kStages, stage, loc);",
+    ),
+    "s": (
+        "#pragma unroll\n    for (int kc = 0; kc < Cfg::kKC; ++kc) {\n      uint32_t a_frag[4];",
+        "mma_bf16(s_acc[acc][2 * np + 1], a_frag, b[2], b[3]);\n        }\n      }\n    }",
+    ),
+    "pv": (
+        "#pragma unroll\n    for (int kc = 0; kc < NT / 16; ++kc) {",
+        "mma_bf16(o_acc[2 * np + 1], a_frag, b[2], b[3]);\n      }\n    }",
+    ),
+}
+
+
+def guarded(text: str, stage: str) -> str:
+    """``text`` with the stage's statements inside ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>``."""
+    start, end = STAGES[stage]
+    if text.count(start) != 1:
+        raise SystemExit(
+            f"bench/sparse_mla_stages.py: kernels_sm121/csrc/{KERNEL}: expected the stage {stage!r} to "
+            f"start once at {start!r}, found it {text.count(start)} times; update STAGES"
+        )
+    i = text.index(start)
+    j = text.find(end, i)
+    if j < 0:
+        raise SystemExit(
+            f"bench/sparse_mla_stages.py: kernels_sm121/csrc/{KERNEL}: expected the stage {stage!r} "
+            f"to end at {end!r} after its start; update STAGES"
+        )
+    j += len(end)
+    macro = f"SPARKSEAL_BENCH_SKIP_{stage.upper()}"
+    return f"{text[:i]}#ifndef {macro}\n{text[i:j]}\n#endif\n{text[j:]}"
+
+
+def build(src: Path, lib: Path, nvcc: str, arch: str, defines: list[str]) -> None:
+    """One shared library from every ``sparse_mla*.cu`` of ``src`` (compiled in parallel)."""
+    objs = lib.parent / f"{lib.stem}.objs"
+    objs.mkdir()
+    flags = [
+        "-O3",
+        "-std=c++17",
+        "-Xcompiler",
+        "-fPIC",
+        f"-I{REPO / 'kernels_sm121' / 'include'}",
+        "-gencode",
+        f"arch={arch.replace('sm_', 'compute_')},code={arch}",
+        *defines,
+    ]
+    sources = sorted(src.glob("sparse_mla*.cu"))
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+        jobs = [
+            pool.submit(
+                subprocess.run, [nvcc, *flags, "-c", str(cu), "-o", str(objs / f"{cu.stem}.o")], check=True
+            )
+            for cu in sources
+        ]
+        for job in jobs:
+            job.result()
+    subprocess.run(
+        [nvcc, "-shared", "-o", str(lib), *(str(objs / f"{cu.stem}.o") for cu in sources)], check=True
+    )
+
+
+def time_shapes() -> list[dict[str, object]]:
+    """The goal shapes timed with the library of SPARKSEAL_KERNELS_LIB (run in a child process)."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import sparse_mla as bench  # bench/sparse_mla.py
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    caches = {}
+    for goal in bench.GOALS:
+        layout = bench.LAYOUTS[goal.layout]
+        if goal.layout not in caches:
+            caches[goal.layout] = bench.random_cache(
+                layout, bench.CACHE_SLOTS // bench.PAGE_SIZE, generator=gen, device="cuda"
+            )
+        row = bench.bench_shape(
+            layout,
+            caches[goal.layout],
+            goal.batch,
+            goal.heads,
+            goal.topk,
+            (1.0, 1.0),
+            gen,
+            None,
+            max_smem=bench.GB10_SMEM,
+            qk="bf16",
+        )
+        rows.append(
+            {
+                "shape": f"{goal.layout}, B={goal.batch}, h={goal.heads}, topk {goal.topk}",
+                "us": row.us,
+                "plan": row.plan,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90a", help="the one GPU target to build (default sm_90a)")
+    parser.add_argument("--nvcc", default="nvcc")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sparse_mla_stages.md")
+    parser.add_argument("--time-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.time_only:
+        print(json.dumps(time_shapes()))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench/sparse_mla_stages.py: no CUDA GPU", file=sys.stderr)
+        return 1
+    if shutil.which(args.nvcc) is None:
+        print(f"bench/sparse_mla_stages.py: no {args.nvcc} on PATH", file=sys.stderr)
+        return 1
+    command = shlex.join(["python", "bench/sparse_mla_stages.py", *(sys.argv[1:] if argv is None else argv)])
+    variants = ["full", *STAGES]
+    with tempfile.TemporaryDirectory(prefix="sparse-mla-stages-") as tmp:
+        work = Path(tmp)
+        src = work / "csrc"
+        shutil.copytree(CSRC, src)
+        text = (src / KERNEL).read_text()
+        for stage in STAGES:
+            text = guarded(text, stage)
+        (src / KERNEL).write_text(text)
+        with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
+            jobs = {
+                name: pool.submit(
+                    build,
+                    src,
+                    work / f"{name}.so",
+                    args.nvcc,
+                    args.arch,
+                    [] if name == "full" else [f"-DSPARKSEAL_BENCH_SKIP_{name.upper()}"],
+                )
+                for name in variants
+            }
+            for job in jobs.values():
+                job.result()
+        results = {}
+        for name in variants:
+            child = subprocess.run(
+                [sys.executable, __file__, "--time-only"],
+                env={**os.environ, "SPARKSEAL_KERNELS_LIB": str(work / f"{name}.so")},
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            results[name] = json.loads(child.stdout.splitlines()[-1])
+            print(name, [round(r["us"], 1) for r in results[name]], flush=True)
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    nvcc_version = subprocess.run([args.nvcc, "--version"], capture_output=True, text=True).stdout.split()[-1]
+    lines = [
+        "# Sparse-MLA decode: where a tile's time goes (GB10 proxy)",
+        "",
+        f"- Command: `{command}`",
+        f"- Machine: {torch.cuda.get_device_name()}, {sms} SMs, nvcc {nvcc_version}, "
+        f"`-gencode` for {args.arch}; "
+        f"{datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        "- Each column: the kernel built without that stage of its main loop (µs, and the time it saves). "
+        "Shared memory capped at 101376 bytes per CTA (the configurations a GB10 selects), QK^T on bf16; "
+        "timing as in `bench/sparse_mla.py` (median of CUDA-graph replays).",
+        "",
+        "| shape | plan | full µs | " + " | ".join(f"without {s}" for s in STAGES) + " | sum of savings |",
+        "|---|---|---:|" + "---:|" * (len(STAGES) + 1),
+    ]
+    for i, full in enumerate(results["full"]):
+        cells, saved = [], 0.0
+        for stage in STAGES:
+            us = results[stage][i]["us"]
+            saved += full["us"] - us
+            cells.append(f"{us:.1f} (-{100 * (full['us'] - us) / full['us']:.0f}%)")
+        lines.append(
+            f"| {full['shape']} | {full['plan']} | {full['us']:.1f} | "
+            + " | ".join(cells)
+            + f" | {100 * saved / full['us']:.0f}% |"
+        )
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
