@@ -1,0 +1,66 @@
+"""bench/sparse_mla_stages.py: its stage guards fit the kernel source as it is (no GPU needed).
+
+The bench compiles the kernel with each stage of the main loop left out; if the kernel's text moves, the
+guards must fail loudly rather than cut a statement in half, and this catches it before a GPU run does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "sparse_mla_stages", REPO / "bench" / "sparse_mla_stages.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _guarded_body(text: str, stage: str) -> str:
+    macro = f"SPARKSEAL_BENCH_SKIP_{stage.upper()}"
+    assert text.count(f"#ifndef {macro}\n") == 1, stage
+    return text.split(f"#ifndef {macro}\n", 1)[1].split("\n#endif\n", 1)[0]
+
+
+def test_each_stage_guard_wraps_whole_statements_of_the_kernel() -> None:
+    tool = _tool()
+    source = (tool.CSRC / tool.KERNEL).read_text()
+    assert set(tool.STAGES) == {"dequant", "load", "s", "pv"}
+    everything = source
+    for stage in tool.STAGES:
+        body = _guarded_body(tool.guarded(source, stage), stage)
+        assert body.strip(), stage
+        for opening, closing in ("{}", "()", "[]"):
+            assert body.count(opening) == body.count(closing), (stage, opening, body)
+        assert body.rstrip().endswith((";", "}")), (stage, body)
+        everything = tool.guarded(everything, stage)
+    # All four at once, as the bench applies them: the source outside the guards is unchanged.
+    stripped = everything
+    for stage in tool.STAGES:
+        stripped = stripped.replace(f"#ifndef SPARKSEAL_BENCH_SKIP_{stage.upper()}\n", "", 1)
+    assert stripped.count("\n#endif\n") == 4
+    assert stripped.replace("\n#endif\n", "") == source
+
+
+def test_a_stage_that_moved_is_named_with_the_file() -> None:
+    tool = _tool()
+    with pytest.raises(
+        SystemExit,
+        match=r"sparse_mla_kernel\.cuh: expected the stage 's' to start once at .*"
+        r"found it 0 times; update STAGES",
+    ):
+        tool.guarded("__global__ void nothing() {}\n", "s")
+    start, _ = tool.STAGES["pv"]
+    with pytest.raises(
+        SystemExit, match=r"expected the stage 'pv' to end at .* after its start; update STAGES"
+    ):
+        tool.guarded(f"{start}\n  // the rest of the loop is gone\n", "pv")
