@@ -2,16 +2,17 @@
 
     python bench/sparse_mla_stages.py [--arch sm_90a] [--out bench/results/sparse_mla_stages.md]
 
-Builds the library from ``kernels_sm121/csrc`` as it is and once per stage of the bf16 QK^T
-kernel's main loop (``sparse_mla_kernel.cuh``) with that stage compiled out, by
-``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>`` guards inserted into a copy of the sources. Then it times
+Builds the library from ``kernels_sm121/csrc`` as it is and once per stage with that stage compiled
+out, by ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>`` guards inserted into a copy of the sources. Then it times
 the GB10-proxy goal shapes of ``bench/sparse_mla.py`` (``GOALS``, shared memory capped at 101376
 bytes, ``qk=bf16``) with each library, one process per library, the same way that bench does.
 
-Stages: ``dequant`` (the staged fp8 records into the bf16 K tile), ``load`` (the cp.async copies
-of every tile after the first ``kStages``), ``s`` (S = Q K^T) and ``pv`` (O += P V). What a variant
-saves bounds what its stage costs where stages do not overlap; the variants' outputs are wrong by
-construction and only timed. Needs nvcc and a CUDA GPU.
+Stages of the bf16 QK^T kernel's main loop (``sparse_mla_kernel.cuh``): ``dequant`` (the staged fp8
+records into the bf16 K tile), ``load`` (the cp.async copies of every tile after the first
+``kStages``), ``s`` (S = Q K^T) and ``pv`` (O += P V); and ``combine``, the launch of the split-combine
+kernel (``sparse_mla.cu``; only calls with several splits have one). What a variant saves bounds what
+its stage costs where stages do not overlap; the variants' outputs are wrong by construction and only
+timed. Needs nvcc and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -31,39 +33,48 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CSRC = REPO / "kernels_sm121" / "csrc"
 KERNEL = "sparse_mla_kernel.cuh"
+HOST = "sparse_mla.cu"
 
-# Each stage: the first and the last text of the statements it compiles out, in KERNEL.
-STAGES: dict[str, tuple[str, str]] = {
-    "dequant": ("    dequant_tile(stage);", "dequant_tile(stage);"),
+# Each stage: the file and the first and the last text of the statements it compiles out.
+STAGES: dict[str, tuple[str, str, str]] = {
+    "dequant": (KERNEL, "    dequant_tile(stage);", "dequant_tile(stage);"),
     "load": (
+        KERNEL,
         "    if (refill) issue_tile(it + kStages, stage, loc);",
         "issue_tile(it + kStages, stage, loc);",
     ),
     "s": (
+        KERNEL,
         "#pragma unroll\n    for (int kc = 0; kc < Cfg::kKC; ++kc) {\n      uint32_t a_frag[4];",
         "mma_bf16(s_acc[acc][2 * np + 1], a_frag, b[2], b[3]);\n        }\n      }\n    }",
     ),
     "pv": (
+        KERNEL,
         "#pragma unroll\n    for (int kc = 0; kc < NT / 16; ++kc) {",
         "mma_bf16(o_acc[2 * np + 1], a_frag, b[2], b[3]);\n      }\n    }",
+    ),
+    "combine": (
+        HOST,
+        "  if (pl.num_splits > 1) {\n    const int64_t pairs",
+        'return fail_cuda(err, "sparse_mla_combine_kernel launch");\n  }',
     ),
 }
 
 
 def guarded(text: str, stage: str) -> str:
-    """``text`` with the stage's statements inside ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>``."""
-    start, end = STAGES[stage]
+    """``text`` (the stage's file) with its statements inside ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>``."""
+    name, start, end = STAGES[stage]
+    where = f"bench/sparse_mla_stages.py: kernels_sm121/csrc/{name}"
     if text.count(start) != 1:
         raise SystemExit(
-            f"bench/sparse_mla_stages.py: kernels_sm121/csrc/{KERNEL}: expected the stage {stage!r} to "
-            f"start once at {start!r}, found it {text.count(start)} times; update STAGES"
+            f"{where}: expected the stage {stage!r} to start once at {start!r}, found it "
+            f"{text.count(start)} times; update STAGES"
         )
     i = text.index(start)
     j = text.find(end, i)
     if j < 0:
         raise SystemExit(
-            f"bench/sparse_mla_stages.py: kernels_sm121/csrc/{KERNEL}: expected the stage {stage!r} "
-            f"to end at {end!r} after its start; update STAGES"
+            f"{where}: expected the stage {stage!r} to end at {end!r} after its start; update STAGES"
         )
     j += len(end)
     macro = f"SPARKSEAL_BENCH_SKIP_{stage.upper()}"
@@ -161,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         src = work / "csrc"
         shutil.copytree(CSRC, src)
-        text = (src / KERNEL).read_text()
-        for stage in STAGES:
-            text = guarded(text, stage)
-        (src / KERNEL).write_text(text)
+        for name in {file for file, _, _ in STAGES.values()}:
+            text = (src / name).read_text()
+            for stage in (s for s, (file, _, _) in STAGES.items() if file == name):
+                text = guarded(text, stage)
+            (src / name).write_text(text)
         with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
             jobs = {
                 name: pool.submit(
@@ -192,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             print(name, [round(r["us"], 1) for r in results[name]], flush=True)
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    nvcc_version = subprocess.run([args.nvcc, "--version"], capture_output=True, text=True).stdout.split()[-1]
+    about = subprocess.run([args.nvcc, "--version"], capture_output=True, text=True).stdout
+    release = re.search(r"release ([0-9.]+)", about)
+    nvcc_version = release.group(1) if release else about.strip().splitlines()[-1]
     lines = [
         "# Sparse-MLA decode: where a tile's time goes (GB10 proxy)",
         "",
@@ -200,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         f"- Machine: {torch.cuda.get_device_name()}, {sms} SMs, nvcc {nvcc_version}, "
         f"`-gencode` for {args.arch}; "
         f"{datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        "- Each column: the kernel built without that stage of its main loop (µs, and the time it saves). "
+        "- Each stage's column: the library built without that stage (µs, and the change against the full "
+        "library; a change within about 2% is noise). The stages of the main loop, then the split combine; "
+        "the last column adds the savings up. "
         "Shared memory capped at 101376 bytes per CTA (the configurations a GB10 selects), QK^T on bf16; "
         "timing as in `bench/sparse_mla.py` (median of CUDA-graph replays).",
         "",
@@ -212,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         for stage in STAGES:
             us = results[stage][i]["us"]
             saved += full["us"] - us
-            cells.append(f"{us:.1f} (-{100 * (full['us'] - us) / full['us']:.0f}%)")
+            cells.append(f"{us:.1f} ({100 * (us - full['us']) / full['us']:+.0f}%)")
         lines.append(
             f"| {full['shape']} | {full['plan']} | {full['us']:.1f} | "
             + " | ".join(cells)

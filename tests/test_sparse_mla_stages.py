@@ -33,22 +33,24 @@ def _guarded_body(text: str, stage: str) -> str:
 
 def test_each_stage_guard_wraps_whole_statements_of_the_kernel() -> None:
     tool = _tool()
-    source = (tool.CSRC / tool.KERNEL).read_text()
-    assert set(tool.STAGES) == {"dequant", "load", "s", "pv"}
-    everything = source
-    for stage in tool.STAGES:
-        body = _guarded_body(tool.guarded(source, stage), stage)
-        assert body.strip(), stage
-        for opening, closing in ("{}", "()", "[]"):
-            assert body.count(opening) == body.count(closing), (stage, opening, body)
-        assert body.rstrip().endswith((";", "}")), (stage, body)
-        everything = tool.guarded(everything, stage)
-    # All four at once, as the bench applies them: the source outside the guards is unchanged.
-    stripped = everything
-    for stage in tool.STAGES:
-        stripped = stripped.replace(f"#ifndef SPARKSEAL_BENCH_SKIP_{stage.upper()}\n", "", 1)
-    assert stripped.count("\n#endif\n") == 4
-    assert stripped.replace("\n#endif\n", "") == source
+    assert set(tool.STAGES) == {"dequant", "load", "s", "pv", "combine"}
+    for name in {file for file, _, _ in tool.STAGES.values()}:
+        source = (tool.CSRC / name).read_text()
+        stages = [stage for stage, (file, _, _) in tool.STAGES.items() if file == name]
+        everything = source
+        for stage in stages:
+            body = _guarded_body(tool.guarded(source, stage), stage)
+            assert body.strip(), stage
+            for opening, closing in ("{}", "()", "[]"):
+                assert body.count(opening) == body.count(closing), (stage, opening, body)
+            assert body.rstrip().endswith((";", "}")), (stage, body)
+            everything = tool.guarded(everything, stage)
+        # All of a file's stages at once, as the bench applies them: the rest of the source is unchanged.
+        stripped = everything
+        for stage in stages:
+            stripped = stripped.replace(f"#ifndef SPARKSEAL_BENCH_SKIP_{stage.upper()}\n", "", 1)
+        assert stripped.count("\n#endif\n") == len(stages)
+        assert stripped.replace("\n#endif\n", "") == source
 
 
 def test_a_stage_that_moved_is_named_with_the_file() -> None:
@@ -59,7 +61,7 @@ def test_a_stage_that_moved_is_named_with_the_file() -> None:
         r"found it 0 times; update STAGES",
     ):
         tool.guarded("__global__ void nothing() {}\n", "s")
-    start, _ = tool.STAGES["pv"]
+    _, start, _ = tool.STAGES["pv"]
     with pytest.raises(
         SystemExit, match=r"expected the stage 'pv' to end at .* after its start; update STAGES"
     ):
