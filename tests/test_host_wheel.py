@@ -70,30 +70,33 @@ def ws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Workspace, di
     workspace.shutdown()
 
 
+def _fetch_fails(workspace: Workspace, repository: str) -> str:
+    result = workspace.bazel("build", f"@{repository}//:site")
+    assert result.returncode != 0, result.output
+    return result.output
+
+
 def test_a_lock_without_this_hosts_wheel_names_the_lock_and_the_missing_field(
     ws: tuple[Workspace, dict[str, Path]],
 ) -> None:
-    workspace, _ = ws
-    result = workspace.bazel("build", "@no_host//:site")
-    assert result.returncode != 0, result.output
+    output = _fetch_fails(ws[0], "no_host")
     assert re.search(
         rf"sparkseal: (@)?//locks:no_host\.json: expected wheels\.zstandard\.version and "
         rf"wheels\.zstandard\.files\.{HOST}\.\{{filename,sha256\}}, got .*\"{OTHER}\"",
-        result.output,
-    ), result.output
+        output,
+    ), output
 
 
 def test_a_wheel_without_the_package_names_the_wheel_and_the_expected_file(
     ws: tuple[Workspace, dict[str, Path]],
 ) -> None:
     workspace, wheels = ws
-    result = workspace.bazel("build", "@no_package//:site")
-    assert result.returncode != 0, result.output
+    output = _fetch_fails(workspace, "no_package")
     expected = (
         f'sparkseal: host_wheel no_package: {wheels["no_package"].name} holds no package "zstandard" '
         "(expected site/zstandard/__init__.py)"
     )
-    assert expected in result.output, result.output
+    assert expected in output, output
     # The same rule with a wheel that holds the package fetches it, offline, from the same cache.
     good = workspace.bazel("build", "@good//:site")
     assert good.returncode == 0, good.output
