@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 CSRC = REPO / "kernels_sm121" / "csrc"
@@ -81,6 +82,22 @@ def guarded(text: str, stage: str) -> str:
     return f"{text[:i]}#ifndef {macro}\n{text[i:j]}\n#endif\n{text[j:]}"
 
 
+def guarded_file(name: str, text: str) -> str:
+    """``text`` of ``kernels_sm121/csrc/<name>`` with the guards of all its stages."""
+    for stage, (file, _, _) in STAGES.items():
+        if file == name:
+            text = guarded(text, stage)
+    return text
+
+
+def _bench() -> ModuleType:
+    """bench/sparse_mla.py (imports torch): its goal shapes, timing and GB10 shared-memory cap."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import sparse_mla
+
+    return sparse_mla
+
+
 def build(src: Path, lib: Path, nvcc: str, arch: str, defines: list[str]) -> None:
     """One shared library from every ``sparse_mla*.cu`` of ``src`` (compiled in parallel)."""
     objs = lib.parent / f"{lib.stem}.objs"
@@ -114,9 +131,7 @@ def time_shapes() -> list[dict[str, object]]:
     """The goal shapes timed with the library of SPARKSEAL_KERNELS_LIB (run in a child process)."""
     import torch
 
-    sys.path.insert(0, str(REPO / "bench"))
-    import sparse_mla as bench  # bench/sparse_mla.py
-
+    bench = _bench()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     caches = {}
@@ -158,14 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.time_only:
         print(json.dumps(time_shapes()))
         return 0
+    if shutil.which(args.nvcc) is None:
+        print(
+            f"bench/sparse_mla_stages.py: --nvcc {args.nvcc}: expected the CUDA compiler (a program on PATH "
+            "or its path), found none",
+            file=sys.stderr,
+        )
+        return 1
     import torch
 
     if not torch.cuda.is_available():
-        print("bench/sparse_mla_stages.py: no CUDA GPU", file=sys.stderr)
+        print("bench/sparse_mla_stages.py: expected a CUDA GPU, torch sees none", file=sys.stderr)
         return 1
-    if shutil.which(args.nvcc) is None:
-        print(f"bench/sparse_mla_stages.py: no {args.nvcc} on PATH", file=sys.stderr)
-        return 1
+    bench = _bench()
     command = shlex.join(["python", "bench/sparse_mla_stages.py", *(sys.argv[1:] if argv is None else argv)])
     variants = ["full", *STAGES]
     with tempfile.TemporaryDirectory(prefix="sparse-mla-stages-") as tmp:
@@ -173,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         src = work / "csrc"
         shutil.copytree(CSRC, src)
         for name in {file for file, _, _ in STAGES.values()}:
-            text = (src / name).read_text()
-            for stage in (s for s, (file, _, _) in STAGES.items() if file == name):
-                text = guarded(text, stage)
-            (src / name).write_text(text)
+            (src / name).write_text(guarded_file(name, (src / name).read_text()))
         with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
             jobs = {
                 name: pool.submit(
@@ -196,10 +213,17 @@ def main(argv: list[str] | None = None) -> int:
             child = subprocess.run(
                 [sys.executable, __file__, "--time-only"],
                 env={**os.environ, "SPARKSEAL_KERNELS_LIB": str(work / f"{name}.so")},
-                check=True,
                 capture_output=True,
                 text=True,
+                check=False,
             )
+            if child.returncode != 0:
+                print(
+                    f"bench/sparse_mla_stages.py: timing the library without {name!r} failed "
+                    f"(exit {child.returncode}):\n{child.stderr}",
+                    file=sys.stderr,
+                )
+                return 1
             results[name] = json.loads(child.stdout.splitlines()[-1])
             print(name, [round(r["us"], 1) for r in results[name]], flush=True)
 
@@ -217,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         "- Each stage's column: the library built without that stage (µs, and the change against the full "
         "library; a change within about 2% is noise). The stages of the main loop, then the split combine; "
         "the last column adds the savings up. "
-        "Shared memory capped at 101376 bytes per CTA (the configurations a GB10 selects), QK^T on bf16; "
+        f"Shared memory capped at {bench.GB10_SMEM} bytes per CTA (the configurations a GB10 selects), "
+        "QK^T on bf16; "
         "timing as in `bench/sparse_mla.py` (median of CUDA-graph replays).",
         "",
         "| shape | plan | full µs | " + " | ".join(f"without {s}" for s in STAGES) + " | sum of savings |",

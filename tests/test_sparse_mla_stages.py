@@ -37,16 +37,14 @@ def test_each_stage_guard_wraps_whole_statements_of_the_kernel() -> None:
     for name in {file for file, _, _ in tool.STAGES.values()}:
         source = (tool.CSRC / name).read_text()
         stages = [stage for stage, (file, _, _) in tool.STAGES.items() if file == name]
-        everything = source
         for stage in stages:
             body = _guarded_body(tool.guarded(source, stage), stage)
             assert body.strip(), stage
             for opening, closing in ("{}", "()", "[]"):
                 assert body.count(opening) == body.count(closing), (stage, opening, body)
             assert body.rstrip().endswith((";", "}")), (stage, body)
-            everything = tool.guarded(everything, stage)
         # All of a file's stages at once, as the bench applies them: the rest of the source is unchanged.
-        stripped = everything
+        stripped = tool.guarded_file(name, source)
         for stage in stages:
             stripped = stripped.replace(f"#ifndef SPARKSEAL_BENCH_SKIP_{stage.upper()}\n", "", 1)
         assert stripped.count("\n#endif\n") == len(stages)
@@ -66,3 +64,22 @@ def test_a_stage_that_moved_is_named_with_the_file() -> None:
         SystemExit, match=r"expected the stage 'pv' to end at .* after its start; update STAGES"
     ):
         tool.guarded(f"{start}\n  // the rest of the loop is gone\n", "pv")
+
+
+def test_a_missing_compiler_is_named_before_anything_is_built(capsys: pytest.CaptureFixture[str]) -> None:
+    tool = _tool()
+    assert tool.main(["--nvcc", "/nonexistent/nvcc"]) == 1
+    assert capsys.readouterr().err == (
+        "bench/sparse_mla_stages.py: --nvcc /nonexistent/nvcc: expected the CUDA compiler (a program on PATH "
+        "or its path), found none\n"
+    )
+
+
+def test_no_gpu_is_said_before_anything_is_built(capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    tool = _tool()
+    # Any program stands in for nvcc: the GPU check comes before the first build.
+    assert tool.main(["--nvcc", "true", "--out", "/nonexistent/out.md"]) == 1
+    assert capsys.readouterr().err == "bench/sparse_mla_stages.py: expected a CUDA GPU, torch sees none\n"
