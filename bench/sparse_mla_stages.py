@@ -7,9 +7,10 @@ out, by ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>`` guards inserted into a copy of 
 the GB10-proxy goal shapes of ``bench/sparse_mla.py`` (``GOALS``, shared memory capped at 101376
 bytes, ``qk=bf16``) with each library, one process per library, the same way that bench does.
 
-Stages of the bf16 QK^T kernel's main loop (``sparse_mla_kernel.cuh``): ``dequant`` (the staged fp8
-records into the bf16 K tile), ``load`` (the cp.async copies of every tile after the first
-``kStages``), ``s`` (S = Q K^T) and ``pv`` (O += P V); and ``combine``, the launch of the split-combine
+Stages of the bf16 QK^T kernels' main loops (``sparse_mla_kernel.cuh``, and the warp-specialised
+``sparse_mla_ws.cuh`` that V4's 32-head GB10 configuration runs): ``dequant`` (the staged fp8
+records into the bf16 K tile), ``load`` (the cp.async copies of every tile after the first few in
+flight), ``s`` (S = Q K^T) and ``pv`` (O += P V); and ``combine``, the launch of the split-combine
 kernel (``sparse_mla.cu``; only calls with several splits have one). What a variant saves bounds what
 its stage costs where stages do not overlap; the variants' outputs are wrong by construction and only
 timed. Needs nvcc and a CUDA GPU.
@@ -36,35 +37,54 @@ CSRC = REPO / "kernels_sm121" / "csrc"
 KERNEL = "sparse_mla_kernel.cuh"
 HOST = "sparse_mla.cu"
 
-# Each stage: the file and the first and the last text of the statements it compiles out.
-STAGES: dict[str, tuple[str, str, str]] = {
-    "dequant": (KERNEL, "    dequant_tile(stage);", "dequant_tile(stage);"),
+WS = "sparse_mla_ws.cuh"
+
+# Each stage: where it is, as (file, the first and the last text of the statements it compiles out);
+# a stage of both bf16 kernels (the single-role and the warp-specialised one) has a place in each.
+STAGES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "dequant": (
+        (KERNEL, "    dequant_tile(stage);", "dequant_tile(stage);"),
+        (WS, "        dequant_record_scaled<L, Cfg::kPTPK>(", "part, scales[s]);"),
+    ),
     "load": (
-        KERNEL,
-        "    if (refill) issue_tile(it + kStages, stage, loc);",
-        "issue_tile(it + kStages, stage, loc);",
+        (
+            KERNEL,
+            "    if (refill) issue_tile(it + kStages, stage, loc);",
+            "issue_tile(it + kStages, stage, loc);",
+        ),
+        (WS, "        if (h + kSlots < n_half) issue(h + kSlots, s);", "issue(h + kSlots, s);"),
     ),
     "s": (
-        KERNEL,
-        "#pragma unroll\n    for (int kc = 0; kc < Cfg::kKC; ++kc) {\n      uint32_t a_frag[4];",
-        "mma_bf16(s_acc[acc][2 * np + 1], a_frag, b[2], b[3]);\n        }\n      }\n    }",
+        (
+            KERNEL,
+            "#pragma unroll\n    for (int kc = 0; kc < Cfg::kKC; ++kc) {\n      uint32_t a_frag[4];",
+            "mma_bf16(s_acc[acc][2 * np + 1], a_frag, b[2], b[3]);\n        }\n      }\n    }",
+        ),
     ),
     "pv": (
-        KERNEL,
-        "#pragma unroll\n    for (int kc = 0; kc < NT / 16; ++kc) {",
-        "mma_bf16(o_acc[2 * np + 1], a_frag, b[2], b[3]);\n      }\n    }",
+        (
+            KERNEL,
+            "#pragma unroll\n    for (int kc = 0; kc < Cfg::kNT / 16; ++kc) {",
+            "mma_bf16(o_acc[2 * np + 1], a_frag, b[2], b[3]);\n      }\n    }",
+        ),
     ),
     "combine": (
-        HOST,
-        "  if (pl.num_splits > 1) {\n    const int64_t pairs",
-        'return fail_cuda(err, "sparse_mla_combine_kernel launch");\n  }',
+        (
+            HOST,
+            "  if (pl.num_splits > 1) {\n    const int64_t pairs",
+            'return fail_cuda(err, "sparse_mla_combine_kernel launch");\n  }',
+        ),
     ),
 }
 
+FILES = sorted({place[0] for places in STAGES.values() for place in places})
 
-def guarded(text: str, stage: str) -> str:
-    """``text`` (the stage's file) with its statements inside ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>``."""
-    name, start, end = STAGES[stage]
+
+def guarded(text: str, stage: str, name: str | None = None) -> str:
+    """``text`` (file ``name``, by default the stage's first) with the stage's statements there inside
+    ``#ifndef SPARKSEAL_BENCH_SKIP_<STAGE>``."""
+    places = [place for place in STAGES[stage] if name is None or place[0] == name]
+    name, start, end = places[0]
     where = f"bench/sparse_mla_stages.py: kernels_sm121/csrc/{name}"
     if text.count(start) != 1:
         raise SystemExit(
@@ -82,11 +102,15 @@ def guarded(text: str, stage: str) -> str:
     return f"{text[:i]}#ifndef {macro}\n{text[i:j]}\n#endif\n{text[j:]}"
 
 
+def stages_in(name: str) -> list[str]:
+    """The stages with a place in ``kernels_sm121/csrc/<name>``."""
+    return [stage for stage, places in STAGES.items() if any(place[0] == name for place in places)]
+
+
 def guarded_file(name: str, text: str) -> str:
     """``text`` of ``kernels_sm121/csrc/<name>`` with the guards of all its stages."""
-    for stage, (file, _, _) in STAGES.items():
-        if file == name:
-            text = guarded(text, stage)
+    for stage in stages_in(name):
+        text = guarded(text, stage, name)
     return text
 
 
@@ -192,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         src = work / "csrc"
         shutil.copytree(CSRC, src)
-        for name in {file for file, _, _ in STAGES.values()}:
+        for name in FILES:
             (src / name).write_text(guarded_file(name, (src / name).read_text()))
         with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
             jobs = {

@@ -360,55 +360,72 @@ int make_plan(const sparkseal_sparse_mla_params *p, const LayoutInfo &info, Plan
       chosen += 1;
     }
   }
-  const ConfigEntry &e = configs[chosen];
+  // An entry with min_tiles_per_cta (the warp-specialised kernel: its producers need a few tiles to
+  // get ahead) gives way to the next one of the same shape when its CTAs would get fewer tiles.
+  const ConfigEntry *ep = nullptr;
+  int ctas_per_sm = 0, splits = 1, tps = 0, n_tiles = 0;
+  int64_t base = 0;
+  for (;;) {
+    const ConfigEntry &e = configs[chosen];
+    ctas_per_sm = 0;
+    std::atomic<int> *occ = (dev < kMaxDevices && chosen < kMaxEntries)
+                                ? &g_occupancy[p->layout * kNumQkModes + qk][dev][chosen]
+                                : nullptr;
+    const int cached = occ != nullptr ? occ->load(std::memory_order_relaxed) : 0;
+    if (cached > 0) {
+      ctas_per_sm = cached - 1;
+    } else {
+      err = cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem_bytes);
+      if (err != cudaSuccess) return fail_cuda(err, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, e.kernel, e.threads, e.smem_bytes);
+      if (err != cudaSuccess) return fail_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      if (occ != nullptr) occ->store(ctas_per_sm + 1, std::memory_order_relaxed);
+    }
+    if (ctas_per_sm < 1) {
+      return fail(SPARKSEAL_SPARSE_MLA_ERR_UNSUPPORTED, "kernel configuration %d heads x %d keys (%d threads, %d "
+                  "bytes of shared memory) cannot run on device %d", e.rows, e.keys_per_tile, e.threads,
+                  e.smem_bytes, dev);
+    }
 
-  int ctas_per_sm = 0;
-  std::atomic<int> *occ =
-      (dev < kMaxDevices && chosen < kMaxEntries) ? &g_occupancy[p->layout * kNumQkModes + qk][dev][chosen] : nullptr;
-  const int cached = occ != nullptr ? occ->load(std::memory_order_relaxed) : 0;
-  if (cached > 0) {
-    ctas_per_sm = cached - 1;
-  } else {
-    err = cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem_bytes);
-    if (err != cudaSuccess) return fail_cuda(err, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, e.kernel, e.threads, e.smem_bytes);
-    if (err != cudaSuccess) return fail_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    if (occ != nullptr) occ->store(ctas_per_sm + 1, std::memory_order_relaxed);
-  }
-  if (ctas_per_sm < 1) {
-    return fail(SPARKSEAL_SPARSE_MLA_ERR_UNSUPPORTED, "kernel configuration %d heads x %d keys (%d threads, %d "
-                "bytes of shared memory) cannot run on device %d", e.rows, e.keys_per_tile, e.threads,
-                e.smem_bytes, dev);
-  }
+    n_tiles = 0;
+    for (int c = 0; c < p->num_caches; ++c) n_tiles += p->caches[c].topk / e.keys_per_tile;
+    base = static_cast<int64_t>(p->num_tokens) * (p->num_heads / e.rows);
+    const int64_t slots = static_cast<int64_t>(num_sms) * ctas_per_sm;
 
-  int n_tiles = 0;
-  for (int c = 0; c < p->num_caches; ++c) n_tiles += p->caches[c].topk / e.keys_per_tile;
-  const int64_t base = static_cast<int64_t>(p->num_tokens) * (p->num_heads / e.rows);
-  const int64_t slots = static_cast<int64_t>(num_sms) * ctas_per_sm;
-
-  int splits = 1;
-  if (p->num_splits > 0) {
-    splits = p->num_splits < n_tiles ? p->num_splits : n_tiles;
-  } else if (base > 0) {
-    // Cost in tile-times: waves x (tiles per CTA + 1 for the prologue), and with several splits
-    // 1 for the combine's launch plus 1 / kSplitsPerTile per split (its float32 partial O
-    // written and read back; measured on an H200 at batch 1 with 16 to 64 splits, one tile of
-    // 32 keys costs about as much as 16 to 20 splits). Costs are kept in 1 / kSplitsPerTile units.
-    constexpr int64_t kSplitsPerTile = 16;
-    int64_t best_cost = INT64_MAX;
-    for (int s = 1; s <= n_tiles; ++s) {
-      const int tps = (n_tiles + s - 1) / s;
-      const int s_eff = (n_tiles + tps - 1) / tps;
-      if (s_eff != s) continue;
-      const int64_t waves = (base * s + slots - 1) / slots;
-      const int64_t cost = kSplitsPerTile * (waves * (tps + 1) + (s > 1 ? 1 : 0)) + (s > 1 ? s : 0);
-      if (cost < best_cost) {
-        best_cost = cost;
-        splits = s;
+    splits = 1;
+    if (p->num_splits > 0) {
+      splits = p->num_splits < n_tiles ? p->num_splits : n_tiles;
+    } else if (base > 0) {
+      // Cost in tile-times: waves x (tiles per CTA + 1 for the prologue), and with several splits
+      // 1 for the combine's launch plus 1 / kSplitsPerTile per split (its float32 partial O
+      // written and read back; measured on an H200 at batch 1 with 16 to 64 splits, one tile of
+      // 32 keys costs about as much as 16 to 20 splits). Costs are kept in 1 / kSplitsPerTile units.
+      constexpr int64_t kSplitsPerTile = 16;
+      int64_t best_cost = INT64_MAX;
+      for (int s = 1; s <= n_tiles; ++s) {
+        const int tps = (n_tiles + s - 1) / s;
+        const int s_eff = (n_tiles + tps - 1) / tps;
+        if (s_eff != s) continue;
+        const int64_t waves = (base * s + slots - 1) / slots;
+        const int64_t cost = kSplitsPerTile * (waves * (tps + 1) + (s > 1 ? 1 : 0)) + (s > 1 ? s : 0);
+        if (cost < best_cost) {
+          best_cost = cost;
+          splits = s;
+        }
       }
     }
+    tps = (n_tiles + splits - 1) / splits;
+    if (tps < e.min_tiles_per_cta && chosen + 1 < num_configs) {
+      const ConfigEntry &next = configs[chosen + 1];
+      if (next.rows == e.rows && next.keys_per_tile == e.keys_per_tile && next.smem_bytes <= limit) {
+        chosen += 1;
+        continue;
+      }
+    }
+    ep = &e;
+    break;
   }
-  const int tps = (n_tiles + splits - 1) / splits;
+  const ConfigEntry &e = *ep;
   splits = (n_tiles + tps - 1) / tps;
 
   plan->entry = &e;

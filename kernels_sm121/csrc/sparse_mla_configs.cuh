@@ -6,6 +6,7 @@
 
 #include "sparse_mla_fp8qk.cuh"
 #include "sparse_mla_kernel.cuh"
+#include "sparse_mla_ws.cuh"
 
 namespace sparkseal::sparse_mla {
 
@@ -18,6 +19,7 @@ struct ConfigEntry {
   int smem_bytes;
   const void *kernel;  // for cudaFuncSetAttribute / occupancy queries
   LaunchFn launch;
+  int min_tiles_per_cta;  // fewer tiles per CTA: the planner takes the next entry of the same shape
 };
 
 template <int L, int ROWS, int NT, int C, int BUDGET>
@@ -32,7 +34,23 @@ ConfigEntry make_entry() {
   using Cfg = Config<L, ROWS, NT, C, BUDGET>;
   return ConfigEntry{ROWS, NT, Cfg::kThreads, Cfg::kSmem,
                      reinterpret_cast<const void *>(&sparse_mla_decode_kernel<L, ROWS, NT, C, BUDGET>),
-                     &launch_decode<L, ROWS, NT, C, BUDGET>};
+                     &launch_decode<L, ROWS, NT, C, BUDGET>, 0};
+}
+
+// The warp-specialised bf16 kernel (sparse_mla_ws.cuh): 32 keys per tile.
+template <int L, int ROWS, int BUDGET>
+cudaError_t launch_decode_ws(const KernelArgs &args, int grid, cudaStream_t stream) {
+  using Cfg = WsConfig<L, ROWS, BUDGET>;
+  sparse_mla_decode_ws_kernel<L, ROWS, BUDGET><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <int L, int ROWS, int BUDGET>
+ConfigEntry make_ws_entry() {
+  using Cfg = WsConfig<L, ROWS, BUDGET>;
+  return ConfigEntry{ROWS, Cfg::kNT, Cfg::kThreads, Cfg::kSmem,
+                     reinterpret_cast<const void *>(&sparse_mla_decode_ws_kernel<L, ROWS, BUDGET>),
+                     &launch_decode_ws<L, ROWS, BUDGET>, Cfg::kMinTilesPerCta};
 }
 
 // The e4m3 QK^T kernel (sparse_mla_fp8qk.cuh); NQ = 1 (qk_mode FP8) or 2 (FP8X2).
@@ -48,7 +66,7 @@ ConfigEntry make_fp8qk_entry() {
   using Cfg = Fp8Config<L, ROWS, NT, NQ, BUDGET>;
   return ConfigEntry{ROWS, NT, Cfg::kThreads, Cfg::kSmem,
                      reinterpret_cast<const void *>(&sparse_mla_decode_fp8qk_kernel<L, ROWS, NT, NQ, BUDGET>),
-                     &launch_decode_fp8qk<L, ROWS, NT, NQ, BUDGET>};
+                     &launch_decode_fp8qk<L, ROWS, NT, NQ, BUDGET>, 0};
 }
 
 // Tables in order of preference: more heads per CTA first (fewer re-reads of each token's rows),

@@ -311,6 +311,68 @@ __device__ __forceinline__ float ue8m0_to_float(uint32_t byte) {
   return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(byte << 23);
 }
 
+// Part `csub` (of TPK threads per key) of one staged record `row` -> the key's bf16 K row `krow`:
+// the fp8 values dequantised with their group's scale, the bf16 RoPE (or a bf16 record) copied.
+// `sc8`: V4's 7 ue8m0 scale bytes of the record (dequant_record reads them from the staging row;
+// the warp-specialised producers hold them in registers).
+template <int L, int TPK>
+__device__ __forceinline__ void dequant_record_scaled(const uint8_t *row, __nv_bfloat16 *krow, int csub,
+                                                      [[maybe_unused]] uint2 sc8) {
+  using LT = LayoutTraits<L>;
+  static_assert(LT::kFp8 || LT::kCopyChunks % TPK == 0, "bf16 rows split evenly");
+  if constexpr (LT::kFp8) {
+    [[maybe_unused]] float4 sc32;  // V3.2: 4 float32 scales
+    if constexpr (L != SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8) sc32 = *reinterpret_cast<const float4 *>(row + LT::kNope);
+#pragma unroll
+    for (int j = 0; j < (LT::kFp8Chunks + TPK - 1) / TPK; ++j) {
+      const int part = j * TPK + csub;
+      if (LT::kFp8Chunks % TPK == 0 || part < LT::kFp8Chunks) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(row + part * 16);
+        uint32_t o[8];
+        if constexpr (L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8) {
+          const int si = part >> 2;  // one scale per 64 values
+          const uint32_t e = __byte_perm(si < 4 ? sc8.x : sc8.y, 0u, 0x4440u | (si & 3));
+          if (e <= 134u) {
+            dequant16_pow2(v, e, o);
+          } else {
+            dequant16_f32(v, ue8m0_to_float(e), o);
+          }
+        } else {
+          const int si = part >> 3;  // one scale per 128 values
+          const float scale = si == 0 ? sc32.x : si == 1 ? sc32.y : si == 2 ? sc32.z : sc32.w;
+          dequant16_f32(v, scale, o);
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(krow + part * 16);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < (8 + TPK - 1) / TPK; ++j) {  // 8 RoPE chunks of 16 bytes
+      const int part = j * TPK + csub;
+      if (8 % TPK == 0 || part < 8) {
+        *reinterpret_cast<uint4 *>(krow + LT::kNope + part * 8) =
+            *reinterpret_cast<const uint4 *>(row + LT::kRopeSrc + part * 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < LT::kCopyChunks / TPK; ++j) {
+      const int part = j * TPK + csub;
+      *reinterpret_cast<uint4 *>(krow + part * 8) = *reinterpret_cast<const uint4 *>(row + part * 16);
+    }
+  }
+}
+
+template <int L, int TPK>
+__device__ __forceinline__ void dequant_record(const uint8_t *row, __nv_bfloat16 *krow, int csub) {
+  uint2 sc8 = make_uint2(0u, 0u);
+  if constexpr (L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8) {
+    sc8 = *reinterpret_cast<const uint2 *>(row + LayoutTraits<L>::kDataBytes);
+  }
+  dequant_record_scaled<L, TPK>(row, krow, csub, sc8);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tile bookkeeping
 // ---------------------------------------------------------------------------------------------
@@ -421,6 +483,276 @@ struct TileCursor {
       }
     }
   }
+
+  // The warp-specialised producers' copy (V4): part `part` of TPK threads per key copies exactly
+  // the 16-byte chunks that dequant_record_scaled converts for that part, so that each producer
+  // thread waits for its own copies only; the record's ue8m0 scales come back in a register
+  // (0 for an invalid row, which is zero-filled and never read).
+  template <int L, int TPK>
+  __device__ __forceinline__ uint2 issue_parts(int i, int2 loc, uint8_t *raw, int key, int part) const {
+    using LT = LayoutTraits<L>;
+    static_assert(L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8, "scales in registers: V4's 8 bytes");
+    int which, pos0, len;
+    source(i, which, pos0, len);
+    const CacheArgs &c = args.cache[which];
+    const bool valid = loc.x >= 0;
+    const uint8_t *page_base = c.data + static_cast<int64_t>(valid ? loc.x : 0) * c.page_stride;
+    const uint8_t *src = page_base + static_cast<int64_t>(loc.y) * LT::kDataBytes;
+    const uint32_t dst = smem_addr(raw + key * LT::kRawStride);
+#pragma unroll
+    for (int j = 0; j < (LT::kFp8Chunks + TPK - 1) / TPK; ++j) {
+      const int chunk = j * TPK + part;
+      if (LT::kFp8Chunks % TPK == 0 || chunk < LT::kFp8Chunks) cp_async_16(dst + chunk * 16, src + chunk * 16, valid);
+    }
+#pragma unroll
+    for (int j = 0; j < (8 + TPK - 1) / TPK; ++j) {  // 8 RoPE chunks of 16 bytes
+      const int rope = j * TPK + part;
+      if (8 % TPK == 0 || rope < 8) cp_async_16(dst + LT::kRopeSrc + rope * 16, src + LT::kRopeSrc + rope * 16, valid);
+    }
+    if (!valid) return make_uint2(0u, 0u);
+    return __ldg(reinterpret_cast<const uint2 *>(page_base + static_cast<int64_t>(c.page_size) * LT::kDataBytes +
+                                                 loc.y * 8));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// One consumer thread of the bf16 QK^T path: warp (rg, cw) of the CTA's (ROWS / 16) x C warp grid
+// computes S for its 16 heads and NT / C keys of a tile and O for the same heads and 512 / C
+// output columns. Shared by the single-role kernel below and the warp-specialised one
+// (sparse_mla_ws.cuh), so that both compute every tile with the same instructions.
+// ---------------------------------------------------------------------------------------------
+template <class Cfg>
+struct TileMath {
+  int lane, rg, cw, g, t4;
+  int row_lo, row_hi;  // CTA-local head rows held by this thread
+  int key_w0;          // first S key of this warp within the tile
+  int col_w0;          // first output column of this warp
+  int rg_barrier;      // named barrier of this row group (0 is __syncthreads)
+  uint32_t q_base, p_base;
+  uint32_t q_frag[Cfg::kQInRegs ? Cfg::kKC : 1][4];
+  float o_acc[Cfg::kNTO][4];
+  float m_run[2];  // rows g and g + 8 of the warp's 16
+  float l_run[2];  // this thread's share of the row sums
+
+  __device__ __forceinline__ TileMath(int warp, int lane_, const __nv_bfloat16 *q_s, const __nv_bfloat16 *p_s)
+      : lane(lane_), rg(warp / Cfg::kC), cw(warp % Cfg::kC), g(lane_ >> 2), t4(lane_ & 3) {
+    row_lo = rg * 16 + g;
+    row_hi = row_lo + 8;
+    key_w0 = cw * Cfg::kNKW;
+    col_w0 = cw * Cfg::kDVW;
+    rg_barrier = 1 + rg;
+    q_base = smem_addr(q_s + (rg * 16 + (lane & 15)) * Cfg::kQStride + (lane >> 4) * 8);
+    p_base = smem_addr(p_s + (rg * 16 + (lane & 15)) * Cfg::kPStride + (lane >> 4) * 8);
+#pragma unroll
+    for (int n = 0; n < Cfg::kNTO; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
+    m_run[0] = m_run[1] = kNegInf;
+    l_run[0] = l_run[1] = 0.f;
+  }
+
+  // Q fragments from the shared-memory Q tile into registers (Cfg::kQInRegs).
+  __device__ __forceinline__ void load_q() {
+#pragma unroll
+    for (int kc = 0; kc < Cfg::kKC; ++kc) ldmatrix_x4(q_frag[kc], q_base + kc * 32);
+  }
+
+  // One tile: S = Q K^T, the online softmax, O += P V. The K tile `k_s` and its valid flags stay
+  // unchanged until every warp has returned; P and the row maxima go through `p_s` and `red_max`.
+  __device__ __forceinline__ void attend(const __nv_bfloat16 *k_s, const uint8_t *k_valid, __nv_bfloat16 *p_s,
+                                         float *red_max, float scale_log2) {
+    // ---- S = Q K^T for this warp's 16 rows x kNKW keys ----
+    float s_acc[Cfg::kNAcc][Cfg::kNTS][4];
+  #pragma unroll
+    for (int a = 0; a < Cfg::kNAcc; ++a)
+  #pragma unroll
+      for (int n = 0; n < Cfg::kNTS; ++n) s_acc[a][n][0] = s_acc[a][n][1] = s_acc[a][n][2] = s_acc[a][n][3] = 0.f;
+
+    // ldmatrix row addresses of the K tile: x4 covers two 8-key n-tiles x 16 columns.
+    const uint32_t k_base_x4 =
+        smem_addr(k_s + (key_w0 + ((lane >> 4) << 3) + (lane & 7)) * Cfg::kKStride + ((lane >> 3) & 1) * 8);
+    const uint32_t k_base_x2 = smem_addr(k_s + (key_w0 + (lane & 7)) * Cfg::kKStride + ((lane >> 3) & 1) * 8);
+
+  #pragma unroll
+    for (int kc = 0; kc < Cfg::kKC; ++kc) {
+      uint32_t a_frag[4];
+      if constexpr (Cfg::kQInRegs) {
+  #pragma unroll
+        for (int j = 0; j < 4; ++j) a_frag[j] = q_frag[kc][j];
+      } else {
+        ldmatrix_x4(a_frag, q_base + kc * 32);
+      }
+      const int acc = kc % Cfg::kNAcc;
+      if constexpr (Cfg::kNTS == 1) {
+        uint32_t b[2];
+        ldmatrix_x2(b, k_base_x2 + kc * 32);
+        mma_bf16(s_acc[acc][0], a_frag, b[0], b[1]);
+      } else {
+  #pragma unroll
+        for (int np = 0; np < Cfg::kNTS / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_base_x4 + np * 16 * Cfg::kKStride * 2 + kc * 32);
+          mma_bf16(s_acc[acc][2 * np], a_frag, b[0], b[1]);
+          mma_bf16(s_acc[acc][2 * np + 1], a_frag, b[2], b[3]);
+        }
+      }
+    }
+
+    // ---- Scale, mask, row maxima ----
+    float s[Cfg::kNTS][4];
+    float mx[2] = {kNegInf, kNegInf};
+  #pragma unroll
+    for (int n = 0; n < Cfg::kNTS; ++n) {
+  #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = 0.f;
+  #pragma unroll
+        for (int a = 0; a < Cfg::kNAcc; ++a) v += s_acc[a][n][j];
+        const int key = key_w0 + n * 8 + 2 * t4 + (j & 1);
+        v = k_valid[key] ? v * scale_log2 : kNegInf;
+        s[n][j] = v;
+        mx[j >> 1] = fmaxf(mx[j >> 1], v);
+      }
+    }
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    if (t4 == 0) {
+      red_max[cw * Cfg::kRows + row_lo] = mx[0];
+      red_max[cw * Cfg::kRows + row_hi] = mx[1];
+    }
+    named_barrier(rg_barrier, Cfg::kC * 32);
+
+    float alpha[2], m_use[2];
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h ? row_hi : row_lo;
+      float m_new = m_run[h];
+  #pragma unroll
+      for (int c = 0; c < Cfg::kC; ++c) m_new = fmaxf(m_new, red_max[c * Cfg::kRows + row]);
+      m_use[h] = m_new == kNegInf ? 0.f : m_new;
+      alpha[h] = fast_exp2(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+    }
+
+    // ---- P = exp2(S - m), row sums, P to shared memory ----
+    float psum[2] = {0.f, 0.f};
+  #pragma unroll
+    for (int n = 0; n < Cfg::kNTS; ++n) {
+      const float p0 = fast_exp2(s[n][0] - m_use[0]);
+      const float p1 = fast_exp2(s[n][1] - m_use[0]);
+      const float p2 = fast_exp2(s[n][2] - m_use[1]);
+      const float p3 = fast_exp2(s[n][3] - m_use[1]);
+      psum[0] += p0 + p1;
+      psum[1] += p2 + p3;
+      const int key = key_w0 + n * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t *>(p_s + row_lo * Cfg::kPStride + key) = pack_bf16x2(p0, p1);
+      *reinterpret_cast<uint32_t *>(p_s + row_hi * Cfg::kPStride + key) = pack_bf16x2(p2, p3);
+    }
+    l_run[0] = l_run[0] * alpha[0] + psum[0];
+    l_run[1] = l_run[1] * alpha[1] + psum[1];
+    // Rescale O only when a row maximum of the warp moved (alpha is exactly 1 otherwise).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  #pragma unroll
+      for (int n = 0; n < Cfg::kNTO; ++n) {
+        o_acc[n][0] *= alpha[0];
+        o_acc[n][1] *= alpha[0];
+        o_acc[n][2] *= alpha[1];
+        o_acc[n][3] *= alpha[1];
+      }
+    }
+    named_barrier(rg_barrier, Cfg::kC * 32);  // the row group's P tile is complete
+
+    // ---- O += P V over all NT keys, this warp's kDVW columns ----
+    // ldmatrix.trans rows: keys kc*16 + (lane & 7) + ((lane >> 3) & 1) * 8, columns + (lane >> 4) * 8.
+    const uint32_t v_base =
+        smem_addr(k_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kKStride + col_w0 + (lane >> 4) * 8);
+  #pragma unroll
+    for (int kc = 0; kc < Cfg::kNT / 16; ++kc) {
+      uint32_t a_frag[4];
+      ldmatrix_x4(a_frag, p_base + kc * 32);
+  #pragma unroll
+      for (int np = 0; np < Cfg::kNTO / 2; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_base + (kc * 16 * Cfg::kKStride + np * 16) * 2);
+        mma_bf16(o_acc[2 * np], a_frag, b[0], b[1]);
+        mma_bf16(o_acc[2 * np + 1], a_frag, b[2], b[3]);
+      }
+    }
+  }
+
+  // After the last tile: the row sums, then bf16 out and lse (one split) or the float32 partials.
+  __device__ __forceinline__ void finish(const KernelArgs &args, float *red_sum, int head0, int token, int split) {
+    // ---- Row sums over the quad and the row group's C warps ----
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+    if (t4 == 0) {
+      red_sum[cw * Cfg::kRows + row_lo] = l_run[0];
+      red_sum[cw * Cfg::kRows + row_hi] = l_run[1];
+    }
+    named_barrier(rg_barrier, Cfg::kC * 32);
+    float l_tot[2] = {0.f, 0.f};
+  #pragma unroll
+    for (int c = 0; c < Cfg::kC; ++c) {
+      l_tot[0] += red_sum[c * Cfg::kRows + row_lo];
+      l_tot[1] += red_sum[c * Cfg::kRows + row_hi];
+    }
+
+    if (args.num_splits == 1) {
+      float inv[2];
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int head = head0 + (h ? row_hi : row_lo);
+        float denom = l_tot[h];
+        if (args.sink != nullptr) {
+          const float m_use = m_run[h] == kNegInf ? 0.f : m_run[h];
+          denom += fast_exp2(args.sink[head] * kLog2e - m_use);
+        }
+        inv[h] = denom > 0.f ? 1.f / denom : 0.f;
+      }
+      __nv_bfloat16 *out_tok = args.out + static_cast<int64_t>(token) * args.out_stride_token;
+      __nv_bfloat16 *out_lo = out_tok + static_cast<int64_t>(head0 + row_lo) * args.out_stride_head;
+      __nv_bfloat16 *out_hi = out_tok + static_cast<int64_t>(head0 + row_hi) * args.out_stride_head;
+  #pragma unroll
+      for (int n = 0; n < Cfg::kNTO; ++n) {
+        const int col = col_w0 + n * 8 + 2 * t4;
+        *reinterpret_cast<uint32_t *>(out_lo + col) = pack_bf16x2(o_acc[n][0] * inv[0], o_acc[n][1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(out_hi + col) = pack_bf16x2(o_acc[n][2] * inv[1], o_acc[n][3] * inv[1]);
+      }
+      if (cw == 0 && t4 == 0) {
+        float *lse_tok = args.lse + static_cast<int64_t>(token) * args.lse_stride_token + head0;
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          lse_tok[h ? row_hi : row_lo] = l_tot[h] > 0.f ? (m_run[h] + __log2f(l_tot[h])) * kLn2
+                                                        : SPARKSEAL_SPARSE_MLA_EMPTY_LSE;
+        }
+      }
+    } else {
+      const int64_t row_base =
+          (static_cast<int64_t>(split) * args.num_tokens + token) * args.num_heads + head0;
+      float inv[2];
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) inv[h] = l_tot[h] > 0.f ? 1.f / l_tot[h] : 0.f;
+      float *o_lo = args.ws_o + (row_base + row_lo) * kDV;
+      float *o_hi = args.ws_o + (row_base + row_hi) * kDV;
+  #pragma unroll
+      for (int n = 0; n < Cfg::kNTO; ++n) {
+        const int col = col_w0 + n * 8 + 2 * t4;
+        *reinterpret_cast<float2 *>(o_lo + col) = make_float2(o_acc[n][0] * inv[0], o_acc[n][1] * inv[0]);
+        *reinterpret_cast<float2 *>(o_hi + col) = make_float2(o_acc[n][2] * inv[1], o_acc[n][3] * inv[1]);
+      }
+      if (cw == 0 && t4 == 0) {
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          args.ws_lse[row_base + (h ? row_hi : row_lo)] =
+              l_tot[h] > 0.f ? (m_run[h] + __log2f(l_tot[h])) * kLn2 : kNegInf;
+        }
+      }
+    }
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -449,10 +781,6 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int rg = warp / C;  // row group: heads [rg*16, rg*16+16) of the CTA
-  const int cw = warp % C;  // column warp within the row group
-  const int g = lane >> 2;
-  const int t4 = lane & 3;
 
   // Block -> (head group, split, token); the head group varies fastest so that the CTAs reading
   // the same token's rows run together and share them through L2.
@@ -484,56 +812,10 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   // Dequantise this thread's parts of its key of staging buffer `stage` into the bf16 K tile
   // (and copy the tile's valid flags).
   auto dequant_tile = [&](int stage) {
-    const uint8_t *row = raw_base + stage * Cfg::kRawBytes + ckey * LT::kRawStride;
-    __nv_bfloat16 *krow = k_s + ckey * Cfg::kKStride;
     if (tid < NT) k_valid[tid] = stage_valid_base[stage * Cfg::kStageValidBytes + tid];
-    if constexpr (LT::kFp8) {
-      [[maybe_unused]] uint2 sc8;   // V4: 7 ue8m0 bytes
-      [[maybe_unused]] float4 sc32; // V3.2: 4 float32 scales
-      if constexpr (L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8) {
-        sc8 = *reinterpret_cast<const uint2 *>(row + LT::kDataBytes);
-      } else {
-        sc32 = *reinterpret_cast<const float4 *>(row + LT::kNope);
-      }
-#pragma unroll
-      for (int j = 0; j < (LT::kFp8Chunks + kTPK - 1) / kTPK; ++j) {
-        const int part = j * kTPK + csub;
-        if (LT::kFp8Chunks % kTPK == 0 || part < LT::kFp8Chunks) {
-          const uint4 v = *reinterpret_cast<const uint4 *>(row + part * 16);
-          uint32_t o[8];
-          if constexpr (L == SPARKSEAL_SPARSE_MLA_LAYOUT_V4_FP8) {
-            const int si = part >> 2;  // one scale per 64 values
-            const uint32_t e = __byte_perm(si < 4 ? sc8.x : sc8.y, 0u, 0x4440u | (si & 3));
-            if (e <= 134u) {
-              dequant16_pow2(v, e, o);
-            } else {
-              dequant16_f32(v, ue8m0_to_float(e), o);
-            }
-          } else {
-            const int si = part >> 3;  // one scale per 128 values
-            const float scale = si == 0 ? sc32.x : si == 1 ? sc32.y : si == 2 ? sc32.z : sc32.w;
-            dequant16_f32(v, scale, o);
-          }
-          uint4 *dst = reinterpret_cast<uint4 *>(krow + part * 16);
-          dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-          dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 8 / kTPK; ++j) {  // 8 RoPE chunks of 16 bytes
-        const int part = j * kTPK + csub;
-        *reinterpret_cast<uint4 *>(krow + LT::kNope + part * 8) =
-            *reinterpret_cast<const uint4 *>(row + LT::kRopeSrc + part * 16);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < LT::kCopyChunks / kTPK; ++j) {
-        const int part = j * kTPK + csub;
-        *reinterpret_cast<uint4 *>(krow + part * 8) = *reinterpret_cast<const uint4 *>(row + part * 16);
-      }
-    }
+    dequant_record<L, kTPK>(raw_base + stage * Cfg::kRawBytes + ckey * LT::kRawStride, k_s + ckey * Cfg::kKStride,
+                            csub);
   };
-  static_assert(LT::kFp8 || LT::kCopyChunks % kTPK == 0, "bf16 rows split evenly");
 
   // ---- Prologue: Q and the first staged tiles (their indices all loaded first) ----
   {
@@ -560,32 +842,17 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   int pf_slot = kStages < num_tiles ? load_slot(kStages, ckey) : -1;
 
   // ---- Per-thread state ----
-  float o_acc[Cfg::kNTO][4];
-#pragma unroll
-  for (int n = 0; n < Cfg::kNTO; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
-  float m_run[2] = {kNegInf, kNegInf};  // rows g and g + 8 of the warp's 16
-  float l_run[2] = {0.f, 0.f};          // this thread's share of the row sums
-
-  const int row_lo = rg * 16 + g;  // CTA-local head rows held by this thread
-  const int row_hi = row_lo + 8;
-  const int key_w0 = cw * Cfg::kNKW;  // first S key of this warp within the tile
-  const int col_w0 = cw * Cfg::kDVW;  // first output column of this warp
-  const int rg_barrier = 1 + rg;      // named barrier of this row group (0 is __syncthreads)
-
-  const uint32_t q_base = smem_addr(q_s + (rg * 16 + (lane & 15)) * Cfg::kQStride + (lane >> 4) * 8);
+  TileMath<Cfg> tm(warp, lane, q_s, p_s);
 
   // Q fragments, kept in registers where they fit (Cfg::kQInRegs): Q arrived in the K tile's
   // space with the first staged tile (the first cp.async group), and leaves it before the first
   // dequantisation overwrites it.
-  uint32_t q_frag[Cfg::kQInRegs ? Cfg::kKC : 1][4];
   if constexpr (Cfg::kQInRegs) {
     cp_async_wait<kStages - 1>();
     __syncthreads();
-#pragma unroll
-    for (int kc = 0; kc < Cfg::kKC; ++kc) ldmatrix_x4(q_frag[kc], q_base + kc * 32);
+    tm.load_q();
     __syncthreads();
   }
-  const uint32_t p_base = smem_addr(p_s + (rg * 16 + (lane & 15)) * Cfg::kPStride + (lane >> 4) * 8);
 
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
@@ -600,198 +867,11 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
     cp_async_commit();
     if (it + kStages + 1 < num_tiles) pf_slot = load_slot(it + kStages + 1, ckey);
 
-    // ---- S = Q K^T for this warp's 16 rows x kNKW keys ----
-    float s_acc[Cfg::kNAcc][Cfg::kNTS][4];
-#pragma unroll
-    for (int a = 0; a < Cfg::kNAcc; ++a)
-#pragma unroll
-      for (int n = 0; n < Cfg::kNTS; ++n) s_acc[a][n][0] = s_acc[a][n][1] = s_acc[a][n][2] = s_acc[a][n][3] = 0.f;
-
-    // ldmatrix row addresses of the K tile: x4 covers two 8-key n-tiles x 16 columns.
-    const uint32_t k_base_x4 =
-        smem_addr(k_s + (key_w0 + ((lane >> 4) << 3) + (lane & 7)) * Cfg::kKStride + ((lane >> 3) & 1) * 8);
-    const uint32_t k_base_x2 = smem_addr(k_s + (key_w0 + (lane & 7)) * Cfg::kKStride + ((lane >> 3) & 1) * 8);
-
-#pragma unroll
-    for (int kc = 0; kc < Cfg::kKC; ++kc) {
-      uint32_t a_frag[4];
-      if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a_frag[j] = q_frag[kc][j];
-      } else {
-        ldmatrix_x4(a_frag, q_base + kc * 32);
-      }
-      const int acc = kc % Cfg::kNAcc;
-      if constexpr (Cfg::kNTS == 1) {
-        uint32_t b[2];
-        ldmatrix_x2(b, k_base_x2 + kc * 32);
-        mma_bf16(s_acc[acc][0], a_frag, b[0], b[1]);
-      } else {
-#pragma unroll
-        for (int np = 0; np < Cfg::kNTS / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_base_x4 + np * 16 * Cfg::kKStride * 2 + kc * 32);
-          mma_bf16(s_acc[acc][2 * np], a_frag, b[0], b[1]);
-          mma_bf16(s_acc[acc][2 * np + 1], a_frag, b[2], b[3]);
-        }
-      }
-    }
-
-    // ---- Scale, mask, row maxima ----
-    float s[Cfg::kNTS][4];
-    float mx[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int n = 0; n < Cfg::kNTS; ++n) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float v = 0.f;
-#pragma unroll
-        for (int a = 0; a < Cfg::kNAcc; ++a) v += s_acc[a][n][j];
-        const int key = key_w0 + n * 8 + 2 * t4 + (j & 1);
-        v = k_valid[key] ? v * args.scale_log2 : kNegInf;
-        s[n][j] = v;
-        mx[j >> 1] = fmaxf(mx[j >> 1], v);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    }
-    if (t4 == 0) {
-      red_max[cw * ROWS + row_lo] = mx[0];
-      red_max[cw * ROWS + row_hi] = mx[1];
-    }
-    named_barrier(rg_barrier, C * 32);
-
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = h ? row_hi : row_lo;
-      float m_new = m_run[h];
-#pragma unroll
-      for (int c = 0; c < C; ++c) m_new = fmaxf(m_new, red_max[c * ROWS + row]);
-      m_use[h] = m_new == kNegInf ? 0.f : m_new;
-      alpha[h] = fast_exp2(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-    }
-
-    // ---- P = exp2(S - m), row sums, P to shared memory ----
-    float psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < Cfg::kNTS; ++n) {
-      const float p0 = fast_exp2(s[n][0] - m_use[0]);
-      const float p1 = fast_exp2(s[n][1] - m_use[0]);
-      const float p2 = fast_exp2(s[n][2] - m_use[1]);
-      const float p3 = fast_exp2(s[n][3] - m_use[1]);
-      psum[0] += p0 + p1;
-      psum[1] += p2 + p3;
-      const int key = key_w0 + n * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t *>(p_s + row_lo * Cfg::kPStride + key) = pack_bf16x2(p0, p1);
-      *reinterpret_cast<uint32_t *>(p_s + row_hi * Cfg::kPStride + key) = pack_bf16x2(p2, p3);
-    }
-    l_run[0] = l_run[0] * alpha[0] + psum[0];
-    l_run[1] = l_run[1] * alpha[1] + psum[1];
-    // Rescale O only when a row maximum of the warp moved (alpha is exactly 1 otherwise).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int n = 0; n < Cfg::kNTO; ++n) {
-        o_acc[n][0] *= alpha[0];
-        o_acc[n][1] *= alpha[0];
-        o_acc[n][2] *= alpha[1];
-        o_acc[n][3] *= alpha[1];
-      }
-    }
-    named_barrier(rg_barrier, C * 32);  // the row group's P tile is complete
-
-    // ---- O += P V over all NT keys, this warp's kDVW columns ----
-    // ldmatrix.trans rows: keys kc*16 + (lane & 7) + ((lane >> 3) & 1) * 8, columns + (lane >> 4) * 8.
-    const uint32_t v_base =
-        smem_addr(k_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kKStride + col_w0 + (lane >> 4) * 8);
-#pragma unroll
-    for (int kc = 0; kc < NT / 16; ++kc) {
-      uint32_t a_frag[4];
-      ldmatrix_x4(a_frag, p_base + kc * 32);
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTO / 2; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, v_base + (kc * 16 * Cfg::kKStride + np * 16) * 2);
-        mma_bf16(o_acc[2 * np], a_frag, b[0], b[1]);
-        mma_bf16(o_acc[2 * np + 1], a_frag, b[2], b[3]);
-      }
-    }
+    tm.attend(k_s, k_valid, p_s, red_max, args.scale_log2);
   }
   cp_async_wait<0>();
 
-  // ---- Row sums over the quad and the row group's C warps ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
-  if (t4 == 0) {
-    red_sum[cw * ROWS + row_lo] = l_run[0];
-    red_sum[cw * ROWS + row_hi] = l_run[1];
-  }
-  __syncthreads();
-  float l_tot[2] = {0.f, 0.f};
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    l_tot[0] += red_sum[c * ROWS + row_lo];
-    l_tot[1] += red_sum[c * ROWS + row_hi];
-  }
-
-  if (args.num_splits == 1) {
-    float inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int head = head0 + (h ? row_hi : row_lo);
-      float denom = l_tot[h];
-      if (args.sink != nullptr) {
-        const float m_use = m_run[h] == kNegInf ? 0.f : m_run[h];
-        denom += fast_exp2(args.sink[head] * kLog2e - m_use);
-      }
-      inv[h] = denom > 0.f ? 1.f / denom : 0.f;
-    }
-    __nv_bfloat16 *out_tok = args.out + static_cast<int64_t>(token) * args.out_stride_token;
-    __nv_bfloat16 *out_lo = out_tok + static_cast<int64_t>(head0 + row_lo) * args.out_stride_head;
-    __nv_bfloat16 *out_hi = out_tok + static_cast<int64_t>(head0 + row_hi) * args.out_stride_head;
-#pragma unroll
-    for (int n = 0; n < Cfg::kNTO; ++n) {
-      const int col = col_w0 + n * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t *>(out_lo + col) = pack_bf16x2(o_acc[n][0] * inv[0], o_acc[n][1] * inv[0]);
-      *reinterpret_cast<uint32_t *>(out_hi + col) = pack_bf16x2(o_acc[n][2] * inv[1], o_acc[n][3] * inv[1]);
-    }
-    if (cw == 0 && t4 == 0) {
-      float *lse_tok = args.lse + static_cast<int64_t>(token) * args.lse_stride_token + head0;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        lse_tok[h ? row_hi : row_lo] = l_tot[h] > 0.f ? (m_run[h] + __log2f(l_tot[h])) * kLn2
-                                                      : SPARKSEAL_SPARSE_MLA_EMPTY_LSE;
-      }
-    }
-  } else {
-    const int64_t row_base =
-        (static_cast<int64_t>(split) * args.num_tokens + token) * args.num_heads + head0;
-    float inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) inv[h] = l_tot[h] > 0.f ? 1.f / l_tot[h] : 0.f;
-    float *o_lo = args.ws_o + (row_base + row_lo) * kDV;
-    float *o_hi = args.ws_o + (row_base + row_hi) * kDV;
-#pragma unroll
-    for (int n = 0; n < Cfg::kNTO; ++n) {
-      const int col = col_w0 + n * 8 + 2 * t4;
-      *reinterpret_cast<float2 *>(o_lo + col) = make_float2(o_acc[n][0] * inv[0], o_acc[n][1] * inv[0]);
-      *reinterpret_cast<float2 *>(o_hi + col) = make_float2(o_acc[n][2] * inv[1], o_acc[n][3] * inv[1]);
-    }
-    if (cw == 0 && t4 == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        args.ws_lse[row_base + (h ? row_hi : row_lo)] =
-            l_tot[h] > 0.f ? (m_run[h] + __log2f(l_tot[h])) * kLn2 : kNegInf;
-      }
-    }
-  }
+  tm.finish(args, red_sum, head0, token, split);
 }
 
 // ---------------------------------------------------------------------------------------------
