@@ -243,12 +243,8 @@ __global__ void __launch_bounds__(256, 1) sparse_mla_decode_fp8qk_kernel(const K
   const int qrg = warp / kCQ;  // S role: m16 tile of heads
   const int qc = warp % kCQ;   // S role: key block
 
-  int bid = blockIdx.x;
-  const int hg = bid % args.head_groups;
-  bid /= args.head_groups;
-  const int split = bid % args.num_splits;
-  const int token = bid / args.num_splits;
-  const int head0 = hg * ROWS;
+  const BlockPos pos(args, ROWS);
+  const int split = pos.split, token = pos.token, head0 = pos.head0;
 
   // This CTA's tiles and where each comes from (as in the bf16 kernel).
   const TileCursor<NT> tiles(args, token, split);

@@ -393,6 +393,20 @@ __device__ __forceinline__ int row_length(const CacheArgs &c, int token) {
   return len;
 }
 
+// Block -> (head group, split, token); the head group varies fastest so that the CTAs reading the
+// same token's rows run together and share them through L2. Shared by every decode kernel.
+struct BlockPos {
+  int split, token, head0;
+  __device__ __forceinline__ BlockPos(const KernelArgs &args, int rows) {
+    int bid = blockIdx.x;
+    const int hg = bid % args.head_groups;
+    bid /= args.head_groups;
+    split = bid % args.num_splits;
+    token = bid / args.num_splits;
+    head0 = hg * rows;
+  }
+};
+
 // One CTA's tiles of one token's rows (split `split` of the concatenated tile list) and where each
 // comes from: shared by the bf16 and the e4m3 QK^T kernels.
 template <int NT>
@@ -782,14 +796,8 @@ __global__ void __launch_bounds__(Config<L, ROWS, NT, C, BUDGET>::kThreads, 1)
   const int warp = tid >> 5;
   const int lane = tid & 31;
 
-  // Block -> (head group, split, token); the head group varies fastest so that the CTAs reading
-  // the same token's rows run together and share them through L2.
-  int bid = blockIdx.x;
-  const int hg = bid % args.head_groups;
-  bid /= args.head_groups;
-  const int split = bid % args.num_splits;
-  const int token = bid / args.num_splits;
-  const int head0 = hg * ROWS;
+  const BlockPos pos(args, ROWS);
+  const int split = pos.split, token = pos.token, head0 = pos.head0;
 
   // This CTA's tiles and where each comes from.
   const TileCursor<NT> tiles(args, token, split);

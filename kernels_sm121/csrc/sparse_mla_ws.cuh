@@ -122,12 +122,8 @@ __global__ void __launch_bounds__(WsConfig<L, ROWS, BUDGET>::kThreads, 1)
   const int warp = tid >> 5;
   const int lane = tid & 31;
 
-  int bid = blockIdx.x;
-  const int hg = bid % args.head_groups;
-  bid /= args.head_groups;
-  const int split = bid % args.num_splits;
-  const int token = bid / args.num_splits;
-  const int head0 = hg * ROWS;
+  const BlockPos pos(args, ROWS);
+  const int split = pos.split, token = pos.token, head0 = pos.head0;
 
   const TileCursor<NT> tiles(args, token, split);
   const int num_tiles = tiles.num_tiles();
