@@ -11,19 +11,22 @@ load("//rules/private:oci_image_index.bzl", _oci_image_index = "oci_image_index"
 load("//rules/private:oci_layer.bzl", _layer_compression = "layer_compression", _oci_layer = "oci_layer")
 load("//rules/private:patch_series.bzl", _patch_series = "patch_series")
 load("//rules/private:pex.bzl", _SparksealPexInfo = "SparksealPexInfo", _sparkseal_pex = "sparkseal_pex")
-load("//rules/private:platforms.bzl", _DEBIAN_ARCHITECTURES = "DEBIAN_ARCHITECTURES", _PLATFORMS = "PLATFORMS")
+load("//rules/private:platforms.bzl", _CONSTRAINTS = "CONSTRAINTS", _DEBIAN_ARCHITECTURES = "DEBIAN_ARCHITECTURES", _PLATFORMS = "PLATFORMS")
 load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
 load("//rules/private:secret_scanner.bzl", _secret_scanner = "secret_scanner")
+load("//rules/private:toolchains.bzl", _SparksealCcInfo = "SparksealCcInfo", _locked_toolchain = "locked_toolchain", _sparkseal_cc_toolchain = "sparkseal_cc_toolchain", _sparkseal_toolchains = "sparkseal_toolchains")
 load("//rules/private:vllm_lock.bzl", _vllm_lock = "vllm_lock")
 load("//rules/private:vllm_tree.bzl", _vllm_patched_tree = "vllm_patched_tree", _vllm_source_tree = "vllm_source_tree")
 load("//rules/private:vllm_wheel.bzl", _vllm_wheel = "vllm_wheel")
 load("//rules/private:wheel_install.bzl", _wheel_install = "wheel_install")
 
+CONSTRAINTS = _CONSTRAINTS
 DEBIAN_ARCHITECTURES = _DEBIAN_ARCHITECTURES
 DebianRootfsInfo = _DebianRootfsInfo
 PLATFORMS = _PLATFORMS
+SparksealCcInfo = _SparksealCcInfo
 SparksealPexInfo = _SparksealPexInfo
 cuda_archs_setting = _cuda_archs_setting
 cuda_toolkit = _cuda_toolkit
@@ -32,6 +35,7 @@ debian_rootfs = _debian_rootfs
 host_wheel = _host_wheel
 kernels_wheel = _kernels_wheel
 layer_compression = _layer_compression
+locked_toolchain = _locked_toolchain
 module_manifest = _module_manifest
 oci_image = _oci_image
 oci_image_index = _oci_image_index
@@ -44,8 +48,10 @@ pypi_file = _pypi_file
 python_lock = _python_lock
 sbom = _sbom
 secret_scanner = _secret_scanner
+sparkseal_cc_toolchain = _sparkseal_cc_toolchain
 sparkseal_image = _sparkseal_image
 sparkseal_pex = _sparkseal_pex
+sparkseal_toolchains = _sparkseal_toolchains
 vllm_lock = _vllm_lock
 vllm_patched_tree = _vllm_patched_tree
 vllm_source_tree = _vllm_source_tree

@@ -17,6 +17,7 @@ from sparkseal.core.platforms import PLATFORMS
 DEFAULT_VLLM_LOCK = Path("third_party/vllm/vllm.lock.json")
 DEFAULT_VLLM_SERIES = Path("patches/vllm/series")
 DEFAULT_DEBIAN_LOCK = "third_party/debian/bookworm_{arch}.lock.json"
+DEFAULT_TOOLCHAIN_LOCK = "third_party/toolchains/{kind}_bookworm_{arch}.lock.json"
 
 
 def _default_download_dir() -> Path:
@@ -47,18 +48,19 @@ def _lock_vllm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def _lock_debian(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.fetch.lock_debian import lock_debian
+    from sparkseal.fetch.lock_debian import lock_debian, roots_of
 
-    out = args.out or Path(DEFAULT_DEBIAN_LOCK.format(arch=args.arch))
+    default = DEFAULT_DEBIAN_LOCK if args.kind == "image" else DEFAULT_TOOLCHAIN_LOCK
+    out = args.out or Path(default.format(arch=args.arch, kind=args.kind))
     if not out.parent.is_dir():
         parser.error(f"--out {out}: directory {out.parent} does not exist")
     if args.sources is not None and not args.sources.is_file():
         parser.error(f"--sources {args.sources}: no such file")
-    return lock_debian(args.arch, out, sources=args.sources)
+    return lock_debian(args.arch, out, roots=sorted(roots_of(args.kind, args.arch)), sources=args.sources)
 
 
 def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
-    from sparkseal.fetch.lock_debian import ARCHITECTURES, SOURCES_ENV
+    from sparkseal.fetch.lock_debian import ARCHITECTURES, KINDS, SOURCES_ENV
 
     debian = kinds.add_parser(
         "debian",
@@ -70,10 +72,18 @@ def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
     )
     debian.add_argument("--arch", required=True, choices=ARCHITECTURES, help="Debian architecture")
     debian.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="image",
+        help="what to lock: the image's base OS (default), or the build host's locked interpreter "
+        "(python) or C/C++ toolchain (cc) for a build host of this architecture",
+    )
+    debian.add_argument(
         "--out",
         type=Path,
         default=None,
-        help=f"lock file to write (default: {DEFAULT_DEBIAN_LOCK.format(arch='ARCH')})",
+        help=f"lock file to write (default: {DEFAULT_DEBIAN_LOCK.format(arch='ARCH')}, or "
+        f"{DEFAULT_TOOLCHAIN_LOCK.format(kind='KIND', arch='ARCH')} for a toolchain)",
     )
     sources = os.environ.get(SOURCES_ENV, "").strip()
     debian.add_argument(

@@ -9,6 +9,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.toolchain_cache import seed_repository_cache
+
 REPO = Path(__file__).resolve().parent.parent
 BAZEL = shutil.which("bazel")
 
@@ -19,6 +21,7 @@ FIXTURE_COPIES = (
     "sparkseal",
     "third_party/bazel",
     "third_party/scan",
+    "third_party/toolchains",
     "third_party/zstd",
     "third_party/vllm/BUILD",
     "patches/vllm/BUILD",
@@ -51,14 +54,18 @@ secret_scanner(
 )
 """
 
-# The offline stand-ins and the host Python toolchain: enough for a workspace without our rules.
+# The offline stand-ins and the locked toolchains (their .debs come from the repository cache, which
+# toolchain_cache.seed_repository_cache fills): enough for a workspace that runs none of our rules.
 BASE_WORKSPACE = """\
 workspace(name = "sparkseal")
 
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
 local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-register_toolchains("//third_party/bazel/python:python3_toolchain")
+
+load("//rules:defs.bzl", "sparkseal_toolchains")
+
+sparkseal_toolchains()
 """
 
 # The zstd compressor of zstd layers, fetched only by a build that asks for them (--config=zstd); a test
@@ -113,6 +120,7 @@ class Workspace:
     def bazel(self, *args: str, timeout: float = 900) -> BazelResult:
         """Run ``bazel --output_base=... <args>`` in the workspace and return its output."""
         assert BAZEL is not None, "bazel is not installed (run make setup)"
+        seed_repository_cache(self.repository_cache)
         command = [
             BAZEL,
             f"--output_base={self.output_base}",

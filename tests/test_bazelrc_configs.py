@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import platform
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.bazel_remote import minimal_workspace, shut_down_after
 from tests.bazel_util import BAZEL
+from tests.toolchain_cache import seed_repository_cache
 
 pytestmark = [
     pytest.mark.bazel,
@@ -76,8 +79,9 @@ exports_files(["cuda_root", "cmake", "ninja", "python_root"])
 """
 
 
-def test_kernels_wheel_action_never_runs_remotely(tmp_path: Path) -> None:
-    """The action that calls the host's g++ carries no-remote-exec (and keeps its network block)."""
+def test_kernels_wheel_action_may_run_remotely(tmp_path: Path) -> None:
+    """The kernels action declares its compiler and interpreter as inputs, so it carries no
+    no-remote-exec (only its network block): a remote worker needs no compiler of its own."""
     fake_cuda = tmp_path / "fake_cuda"
     fake_cuda.mkdir()
     (fake_cuda / "WORKSPACE").write_text('workspace(name = "sparkseal_cuda")\n')
@@ -89,17 +93,25 @@ def test_kernels_wheel_action_never_runs_remotely(tmp_path: Path) -> None:
         "",
         files={"kernels_sm121/BUILD": KERNELS_BUILD},
         copies=("rules", "sparkseal"),
-        workspace_extra=(
-            'register_toolchains("//third_party/bazel/python:python3_toolchain")\n'
-            f'local_repository(name = "sparkseal_cuda", path = "{fake_cuda}")\n'
-        ),
+        workspace_extra=(f'local_repository(name = "sparkseal_cuda", path = "{fake_cuda}")\n'),
     )
+    seed_repository_cache(workspace.repository_cache, ("cc",))
     with shut_down_after(workspace):
         result = workspace.bazel(
             "aquery", "--output=jsonproto", "mnemonic(KernelsWheel, //kernels_sm121:wheel)"
         )
+        text = workspace.bazel("aquery", "--output=text", "mnemonic(KernelsWheel, //kernels_sm121:wheel)")
     assert result.returncode == 0, result.output
     graph = json.loads(result.output[result.output.index("{") : result.output.rindex("}") + 1])
     [action] = graph["actions"]
     info = {entry["key"]: entry.get("value", "") for entry in action["executionInfo"]}
-    assert info == {"block-network": "1", "no-remote-exec": "1"}, f"rules/private/kernels_wheel.bzl: {info}"
+    assert info == {"block-network": "1"}, f"rules/private/kernels_wheel.bzl: {info}"
+    arch = platform.machine()
+    inputs = re.search(r"^\s*Inputs: \[(.*)\]$", text.output, re.MULTILINE)
+    assert inputs, text.output
+    for tool in (
+        f"external/sparkseal_cc_linux_{arch}/root/usr/bin/{arch}-linux-gnu-g++-12",
+        f"external/sparkseal_cc_linux_{arch}/root/usr/include/stdio.h",
+        f"external/sparkseal_cc_linux_{arch}/toolchain.json",
+    ):
+        assert tool in inputs.group(1).split(", "), f"{tool}: expected among the kernels action's inputs"

@@ -1,6 +1,8 @@
-# Toolchain for the linux_x86_64 wheel (the H200 test variant), built natively on an x86_64 Debian host.
+# Toolchain for the linux_x86_64 wheel (the H200 test variant), built natively on an x86_64 host.
 #
-# The compilers are named by absolute path so that nothing is picked from the caller's PATH.
-set(CMAKE_CXX_COMPILER /usr/bin/x86_64-linux-gnu-g++)
-set(CMAKE_CUDA_HOST_COMPILER /usr/bin/x86_64-linux-gnu-g++)
-set(CMAKE_STRIP /usr/bin/x86_64-linux-gnu-strip)
+# The kernels action (sparkseal/actions/kernels_wheel.py) names every compiler by absolute path on the
+# command line: CMAKE_CXX_COMPILER and CMAKE_CUDA_HOST_COMPILER are wrappers around the locked g++-12 of
+# //third_party/toolchains (with --sysroot on the locked C library), CMAKE_STRIP and the binutils CMake
+# finds beside the compiler wrap the locked binutils. Nothing here, or in the host's /usr, is used.
+set(CMAKE_SYSTEM_NAME Linux)
+set(CMAKE_SYSTEM_PROCESSOR x86_64)

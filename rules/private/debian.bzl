@@ -124,9 +124,12 @@ def _download(rctx, entry, target, output):
         probe.stderr.strip(),
     ))
 
-def _debian_packages_impl(rctx):
-    lock = json.decode(rctx.read(rctx.attr.lock))
-    packages = _entries(rctx, lock)
+def fetch_debs(rctx):
+    """Fetch every .deb of the lock `rctx.attr.lock` into `debs/`, verified; return the lock's entries.
+
+    The repository cache first (no network, no apt), apt's URLs for the rest.
+    """
+    packages = _entries(rctx, json.decode(rctx.read(rctx.attr.lock)))
     missing = []
     for entry in packages:
         if not from_repository_cache(rctx, entry["filename"], entry["sha256"], "debs/" + entry["filename"]):
@@ -137,6 +140,10 @@ def _debian_packages_impl(rctx):
         for entry in missing:
             rctx.report_progress("downloading %s" % entry["filename"])
             _download(rctx, entry, targets[urls[entry["package"]]], "debs/" + entry["filename"])
+    return packages
+
+def _debian_packages_impl(rctx):
+    packages = fetch_debs(rctx)
 
     rctx.symlink(rctx.attr.lock, "lock.json")
     lines = [

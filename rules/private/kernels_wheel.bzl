@@ -42,6 +42,8 @@ def _kernels_wheel_impl(ctx):
     args.add("--platform", platform)
     args.add("--cuda-archs", ";".join(archs))
     args.add("--cuda-root", ctx.file._cuda_root.dirname)
+    cc = ctx.toolchains[CC_TOOLCHAIN].cc
+    args.add("--cc-toolchain", cc.description)
     args.add("--cmake", ctx.file._cmake)
     args.add("--ninja", ctx.file._ninja)
     args.add("--python-path", ctx.file._python_root.dirname)
@@ -50,7 +52,8 @@ def _kernels_wheel_impl(ctx):
 
     inputs = depset(
         ctx.files.srcs + ctx.files._cuda + ctx.files._cmake_files + ctx.files._python +
-        [ctx.file._cuda_root, ctx.file._cmake, ctx.file._ninja, ctx.file._python_root],
+        [ctx.file._cuda_root, ctx.file._cmake, ctx.file._ninja, ctx.file._python_root, cc.description],
+        transitive = [cc.files],
     )
     ctx.actions.run(
         executable = ctx.executable._tool,
@@ -60,13 +63,13 @@ def _kernels_wheel_impl(ctx):
         env = ACTION_ENV,
         mnemonic = "KernelsWheel",
         progress_message = "Building %s (CUDA %s)" % (filename, ", ".join(archs)),
-        # CMake compiles the host-side C++ with the machine's own g++ / aarch64-linux-gnu-g++ (Debian
-        # bookworm, /usr/bin), which are not declared inputs: a remote worker may not have them, so this
-        # action always runs here. Its result may still come from, and go to, a shared cache; every machine
-        # that writes one must have the same Debian compiler packages (README, "CI operators").
-        execution_requirements = {"block-network": "1", "no-remote-exec": "1"},
+        # Every tool is a declared input (the locked compilers of //third_party/toolchains:cc_*, nvcc,
+        # cmake and ninja from locked wheels), so a remote worker runs it like any other action.
+        execution_requirements = {"block-network": "1"},
     )
     return [DefaultInfo(files = depset([wheel]))]
+
+CC_TOOLCHAIN = "//third_party/toolchains:cc_toolchain_type"
 
 kernels_wheel = rule(
     implementation = _kernels_wheel_impl,
@@ -89,4 +92,5 @@ kernels_wheel = rule(
         "_python": attr.label(default = Label("@sparkseal_cuda//:python")),
         "_python_root": attr.label(default = Label("@sparkseal_cuda//:python_root"), allow_single_file = True),
     },
+    toolchains = [CC_TOOLCHAIN],
 )

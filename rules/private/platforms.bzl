@@ -31,3 +31,15 @@ DEBIAN_ARCHITECTURES = {
     "linux_aarch64": "arm64",
     "linux_x86_64": "amd64",
 }
+
+# Debian's multiarch triplet of each platform (library folders, compiler names of the locked toolchains).
+TRIPLETS = {
+    "linux_aarch64": "aarch64-linux-gnu",
+    "linux_x86_64": "x86_64-linux-gnu",
+}
+
+# The constraint values of each platform, for toolchain and execution-platform matching.
+CONSTRAINTS = {
+    "linux_aarch64": ["@platforms//os:linux", "@platforms//cpu:aarch64"],
+    "linux_x86_64": ["@platforms//os:linux", "@platforms//cpu:x86_64"],
+}

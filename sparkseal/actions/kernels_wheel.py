@@ -1,10 +1,11 @@
 """Action: build the ``sparkseal`` wheel (Python package + ``libsparkseal_kernels.so``), scikit-build-core.
 
 Runs scikit-build-core's PEP 517 ``build_wheel`` in this process, with only the standard library and the
-locked pure-Python wheels (``--python-path``) importable, cmake and ninja from their locked wheels, and nvcc
-from the locked toolkit root. The declared inputs are copied into a fresh source tree first, so nothing
-else on disk can reach the wheel; the process environment is replaced by a fixed one (hermetic ``PATH``,
-``SOURCE_DATE_EPOCH``, the target platform tag).
+locked pure-Python wheels (``--python-path``) importable, cmake and ninja from their locked wheels, nvcc
+from the locked toolkit root, and the host code compiled by the locked g++ against the locked C library
+(``--cc-toolchain``, rules/private/toolchains.bzl). The declared inputs are copied into a fresh source
+tree first, so nothing else on disk can reach the wheel; the process environment is replaced by a fixed
+one (hermetic ``PATH``, ``SOURCE_DATE_EPOCH``, the target platform tag).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
 from sparkseal.core.platforms import PLATFORMS
@@ -30,8 +34,12 @@ TOOLCHAIN_FILES = {
     ("linux_x86_64", "linux_aarch64"): "kernels_sm121/cmake/linux_aarch64.cmake",
     ("linux_aarch64", "linux_aarch64"): "kernels_sm121/cmake/linux_aarch64-native.cmake",
 }
-# The host compilers (Debian's g++ and g++-aarch64-linux-gnu) and the binutils they call live here.
-SYSTEM_PATH = ("/usr/bin", "/bin")
+# Only /bin/sh is the host's (ninja runs each command through it); every compiler, linker and binutil is a
+# wrapper around the locked toolchain (`compiler_wrappers`), named by absolute path or found in its folder.
+SYSTEM_PATH = ("/bin",)
+# The binutils CMake looks for beside the compiler (`<triplet>-ar`, ...): each gets a wrapper, so none is
+# taken from the host.
+BINUTILS = ("addr2line", "ar", "as", "ld", "nm", "objcopy", "objdump", "ranlib", "readelf", "strip")
 # ninja jobs per wheel: a CI machine has 2 cores, and Bazel runs the two platforms' actions side by side.
 BUILD_JOBS = 2
 
@@ -59,6 +67,84 @@ def stage_sources(inputs: Sequence[str], root: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
         target.chmod(EXEC_MODE if os.access(source, os.X_OK) else FILE_MODE)
+
+
+@dataclass(frozen=True)
+class Compilers:
+    """The locked toolchain's programs for one wheel platform, as wrappers CMake and nvcc call."""
+
+    cxx: Path
+    strip: Path
+    find_root: Path | None
+
+
+def _wrapper(path: Path, program: Path, library_path: Path, flags: Sequence[str] = ()) -> None:
+    """Write a /bin/sh wrapper at ``path`` that runs ``program`` with the toolchain's libraries."""
+    words = " ".join(shlex.quote(str(w)) for w in (program, *flags))
+    path.write_text(
+        f'#!/bin/sh\nLD_LIBRARY_PATH={shlex.quote(str(library_path))} exec {words} "$@"\n',
+        encoding="utf-8",
+    )
+    path.chmod(EXEC_MODE)
+
+
+def read_toolchain(description: Path, host: str) -> dict[str, Any]:
+    """The locked C/C++ toolchain's toolchain.json; it must be the one of the toolkit's build host."""
+    try:
+        spec = json.loads(description.read_text(encoding="utf-8"))
+        toolchain_host = spec["host"]
+        if not isinstance(spec["targets"], dict):
+            raise TypeError("`targets` is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KernelsWheelError(
+            f"{description}: expected the toolchain.json of a locked cc toolchain ({exc})"
+        ) from exc
+    if toolchain_host != host:
+        raise KernelsWheelError(
+            f"{description}: expected the compilers of a {host} build host (the CUDA toolkit's), "
+            f"got those of {toolchain_host}"
+        )
+    return spec
+
+
+def compiler_wrappers(description: Path, platform: str, host: str, folder: Path) -> Compilers:
+    """Write wrappers for the locked compiler and binutils that build ``platform`` into ``folder``.
+
+    The compiler gets ``--sysroot`` (the locked C library, libstdc++ and kernel headers, never the host's
+    /usr/include), ``-B`` (the locked ``as`` and ``ld``) and ``-ffile-prefix-map`` from the toolchain's
+    root to ``/``: a path the headers leave in the library (``__FILE__``) reads as on the host the packages
+    were made for, whatever the output base.
+    """
+    spec = read_toolchain(description, host)
+    target = spec["targets"].get(platform)
+    if target is None:
+        raise KernelsWheelError(
+            f"{description}: a {host} toolchain compiles only {', '.join(sorted(spec['targets']))} wheels, "
+            f"expected one of them, got {platform}"
+        )
+    repo = Path.cwd() / description.parent
+    root = repo / spec["sysroot"]
+    libs = repo / spec["library_path"]
+    cxx = repo / target["cxx"]
+    if not os.access(cxx, os.X_OK):
+        raise KernelsWheelError(f"{description}: expected the compiler at {cxx}, found none")
+    # gcc finds its own parts through its resolved location (Bazel links each input into the sandbox), so
+    # both spellings of the root are mapped.
+    real_root = Path(os.path.realpath(cxx)).parents[len(Path(target["cxx"]).parts) - 2]
+    maps = sorted({f"-ffile-prefix-map={r}/=/" for r in (root, real_root)})
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = target["tools_prefix"]
+    triplet_prefix = Path(prefix).name
+    _wrapper(
+        folder / f"{triplet_prefix}g++",
+        cxx,
+        libs,
+        [f"--sysroot={root}", f"-B{repo / target['binutils_prefix']}", *maps],
+    )
+    for tool in BINUTILS:
+        _wrapper(folder / f"{triplet_prefix}{tool}", repo / f"{prefix}{tool}", libs)
+    find_root = repo / target["find_root"] if target["find_root"] else None
+    return Compilers(folder / f"{triplet_prefix}g++", folder / f"{triplet_prefix}strip", find_root)
 
 
 def build_environment(platform: str, tool_dirs: Sequence[Path], home: Path) -> dict[str, str]:
@@ -103,15 +189,27 @@ def toolchain_file(host: str, platform: str) -> str:
 
 
 def config_settings(
-    source_root: Path, build_dir: Path, platform: str, archs: Sequence[str], cuda_root: Path, host: str
+    source_root: Path,
+    build_dir: Path,
+    platform: str,
+    archs: Sequence[str],
+    cuda_root: Path,
+    host: str,
+    compilers: Compilers,
 ) -> dict[str, str]:
     """Return scikit-build-core's config settings for one platform and architecture list."""
-    return {
+    settings = {
         "build-dir": str(build_dir),
         "cmake.define.CMAKE_TOOLCHAIN_FILE": str(source_root / toolchain_file(host, platform)),
         "cmake.define.CMAKE_CUDA_COMPILER": str(cuda_root / "bin" / "nvcc"),
         "cmake.define.CMAKE_CUDA_ARCHITECTURES": ";".join(archs),
+        "cmake.define.CMAKE_CXX_COMPILER": str(compilers.cxx),
+        "cmake.define.CMAKE_CUDA_HOST_COMPILER": str(compilers.cxx),
+        "cmake.define.CMAKE_STRIP": str(compilers.strip),
     }
+    if compilers.find_root is not None:
+        settings["cmake.define.CMAKE_FIND_ROOT_PATH"] = str(compilers.find_root)
+    return settings
 
 
 @contextlib.contextmanager
@@ -175,10 +273,10 @@ def build(args: argparse.Namespace) -> Path:
         for directory in (source_root, dist, home):
             directory.mkdir()
         stage_sources(args.input, source_root)
-        settings = config_settings(
-            source_root, build_dir, args.platform, archs, cuda_root, toolkit_host(cuda_root)
-        )
-        env = build_environment(args.platform, tool_dirs, home)
+        host = toolkit_host(cuda_root)
+        compilers = compiler_wrappers(args.cc_toolchain, args.platform, host, scratch / "bin")
+        settings = config_settings(source_root, build_dir, args.platform, archs, cuda_root, host, compilers)
+        env = build_environment(args.platform, [scratch / "bin", *tool_dirs], home)
         log = scratch / "build.log"
         try:
             with environment_and_cwd(env, source_root), output_to(log):
@@ -209,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="CMAKE_CUDA_ARCHITECTURES, ';' or ',' separated (e.g. 90a-real;121a-real)",
     )
     parser.add_argument("--cuda-root", required=True, type=Path, help="assembled CUDA toolkit root")
+    parser.add_argument(
+        "--cc-toolchain", required=True, type=Path, help="toolchain.json of the locked C/C++ toolchain"
+    )
     parser.add_argument("--cmake", required=True, type=Path, help="the cmake executable")
     parser.add_argument("--ninja", required=True, type=Path, help="the ninja executable")
     parser.add_argument(

@@ -135,7 +135,8 @@ def read_ar(data: bytes, where: str) -> dict[str, bytes]:
     return members
 
 
-def _tar_member(members: dict[str, bytes], stem: str, where: str) -> tarfile.TarFile:
+def tar_member(members: dict[str, bytes], stem: str, where: str) -> tarfile.TarFile:
+    """The one ``STEM.tar[.gz|.xz|.bz2]`` member of a .deb, opened; a .deb may compress either way."""
     names = [n for n in members if n == stem or n.startswith(stem + ".")]
     if len(names) != 1:
         raise DebError(f"{where}: expected one {stem}.* member, found {names or 'none'} in {sorted(members)}")
@@ -163,7 +164,7 @@ def read_control(deb: Path, members: dict[str, bytes]) -> _Package:
     version = members.get("debian-binary", b"").strip()
     if version != b"2.0":
         raise DebError(f"{deb}: debian-binary: expected b'2.0', got {version!r}")
-    with _tar_member(members, "control.tar", str(deb)) as control:
+    with tar_member(members, "control.tar", str(deb)) as control:
         files = {}
         for member in control:
             name = member.name.removeprefix("./")
@@ -188,7 +189,8 @@ def canonical(rel: PurePosixPath) -> PurePosixPath:
     return rel
 
 
-def _check_link_target(path: PurePosixPath, target: str, where: str) -> None:
+def check_link_target(path: PurePosixPath, target: str, where: str) -> None:
+    """Refuse an empty target, or a relative one that climbs out of the root from ``path``."""
     if not target or "\0" in target:
         raise DebError(f"{where}: symlink {path} has an empty or NUL-containing target {target!r}")
     if target.startswith("/"):
@@ -234,7 +236,7 @@ class RootfsBuilder:
 
     def add_package(self, pkg: _Package, members: dict[str, bytes]) -> None:
         """Unpack the ``data.tar`` of ``pkg``."""
-        with _tar_member(members, "data.tar", str(pkg.deb)) as data:
+        with tar_member(members, "data.tar", str(pkg.deb)) as data:
             for member in data:
                 self._add_member(pkg, data, member)
         self.packages.append(pkg)
@@ -259,7 +261,7 @@ class RootfsBuilder:
             mode = STICKY_DIR_MODE if member.mode & 0o1000 else DIR_MODE
             self._claim(path, _Entry("dir", pkg.name, mode=mode), where)
         elif member.issym():
-            _check_link_target(path, member.linkname, where)
+            check_link_target(path, member.linkname, where)
             self._claim(path, _Entry("link", pkg.name, target=member.linkname), where)
         elif member.isfile() or member.islnk():
             if member.mode & 0o7000:

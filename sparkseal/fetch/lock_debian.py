@@ -55,6 +55,38 @@ ROOTS: dict[str, str] = {
     "libpython3.11-dev": "Python.h, which Triton's stubs include from sysconfig's include directory",
 }
 
+# The build toolchains, locked like the image's packages but unpacked on the build host by a repository
+# rule (rules/private/toolchains.bzl) instead of going into the image: every action runs this interpreter,
+# and the kernels action compiles its host code with this compiler, against this C library's headers.
+PYTHON_ROOTS: dict[str, str] = {
+    "python3.11-minimal": "the interpreter of every build action: the image's own CPython, so the "
+    "bytecode an action writes is what the image runs",
+    "libpython3.11-stdlib": "the rest of the standard library (zlib, lzma, bz2, hashlib, ssl, ctypes) "
+    "and the shared libraries it loads; the locked zlib pins every compressor's bytes",
+}
+CC_ROOTS: dict[str, str] = {
+    "g++-12": "the host compiler of nvcc and of the kernels' C++ (with binutils, libc6-dev and "
+    "linux-libc-dev: the C library and kernel headers compiled against)",
+}
+# On an amd64 build host the linux_aarch64 kernels wheel is cross-compiled (no such cross tools on arm64).
+CC_CROSS_ROOTS: dict[str, str] = {
+    "g++-12-aarch64-linux-gnu": "the cross compiler of the linux_aarch64 kernels wheel on an amd64 host, "
+    "with binutils-aarch64-linux-gnu and the arm64 cross C library, libstdc++ and kernel headers",
+}
+KINDS = ("image", "python", "cc")
+
+
+def roots_of(kind: str, arch: str) -> dict[str, str]:
+    """The root packages (name -> why) a lock of ``kind`` holds for ``arch``."""
+    if kind == "image":
+        return ROOTS
+    if kind == "python":
+        return PYTHON_ROOTS
+    if kind == "cc":
+        return {**CC_ROOTS, **(CC_CROSS_ROOTS if arch == "amd64" else {})}
+    raise ValueError(f"unknown lock kind {kind!r}: expected one of {', '.join(KINDS)}")
+
+
 _INST = re.compile(
     r"^Inst (?P<package>[^\s:]+)(?::\S+)? (?:\[[^\]]*\] )?\((?P<version>\S+) .*\[(?P<arch>[^\]]+)\]\)"
 )
