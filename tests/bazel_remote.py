@@ -43,8 +43,10 @@ def minimal_workspace(
     appended to the WORKSPACE file. Its output base and repository cache lie beside ``root``; the user's
     repository cache is not touched.
     """
-    # Every workspace registers the locked toolchains, whose rules are in rules/.
-    for rel in dict.fromkeys(("third_party/bazel", "third_party/toolchains", "platforms", "rules", *copies)):
+    # Every workspace registers the locked toolchains (rules/, unpacked by a helper in sparkseal/).
+    for rel in dict.fromkeys(
+        ("third_party/bazel", "third_party/toolchains", "platforms", "rules", "sparkseal", *copies)
+    ):
         shutil.copytree(REPO / rel, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
     # Our rules need the secret scanner's repository; a workspace without them cannot load it.
     base = MINIMAL_WORKSPACE if "rules" in copies else BASE_WORKSPACE

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import sys
 from pathlib import Path, PurePosixPath
@@ -57,8 +58,7 @@ def _relative_target(path: PurePosixPath, target: str) -> str:
     """``target`` of the link at ``path`` as a path relative to the link's folder, inside the root."""
     if not target.startswith("/"):
         return target
-    up = len(path.parent.parts)
-    return os.path.join(*([".."] * up), target.lstrip("/")) if up else target.lstrip("/")
+    return posixpath.relpath(target.lstrip("/"), path.parent.as_posix() or ".")
 
 
 class Unpacker:

@@ -1,0 +1,170 @@
+"""The locked toolchains: the unpacked root of their .debs, and the interpreter every action runs on."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import pytest
+
+from sparkseal.fetch.toolchain_root import main as toolchain_root
+from tests.bazel_remote import minimal_workspace, shut_down_after
+from tests.bazel_util import BAZEL
+from tests.fixtures_debian import Exec, Link, lock_for, make_deb, write_lock
+
+ARCH = "amd64"
+TRIPLET = "x86_64-linux-gnu"
+
+
+def _debs(tmp_path: Path) -> list[Path]:
+    out = tmp_path / "debs"
+    out.mkdir()
+    return [
+        make_deb(
+            out,
+            "libc6",
+            "2.36-9",
+            ARCH,
+            {
+                f"lib/{TRIPLET}/libc.so.6": b"host libc",
+                "lib64/ld-linux-x86-64.so.2": Link(f"/lib/{TRIPLET}/libc.so.6"),
+            },
+        ),
+        make_deb(
+            out,
+            "zlib1g",
+            "1:1.2.13",
+            ARCH,
+            {
+                f"lib/{TRIPLET}/libz.so.1.2.13": b"zlib",
+                f"lib/{TRIPLET}/libz.so.1": Link("libz.so.1.2.13"),
+                "usr/share/doc/zlib1g/copyright": b"license",
+            },
+        ),
+        make_deb(
+            out,
+            "tool",
+            "1.0",
+            ARCH,
+            {
+                "usr/bin/tool-1": Exec(b"#!/bin/sh\n"),
+                "usr/bin/tool": Link("/usr/bin/tool-1"),
+                "usr/bin/dangling": Link("/usr/lib/nothing-ships-this"),
+                "usr/bin/chained": Link("dangling"),
+            },
+        ),
+    ]
+
+
+def _unpack(tmp_path: Path, debs: list[Path], *extra: str) -> tuple[int, Path]:
+    lock = write_lock(tmp_path / "lock.json", lock_for(debs, ARCH))
+    out = tmp_path / "out"
+    args = ["--lock", str(lock), "--out", str(out), "--triplet", TRIPLET, *extra, *map(str, debs)]
+    return toolchain_root(args), out
+
+
+def test_root_is_the_debs_with_relative_links_and_no_host_libc_on_the_library_path(tmp_path: Path) -> None:
+    code, out = _unpack(tmp_path, _debs(tmp_path), "--host-libc", "libc6")
+    assert code == 0
+    root = out / "root"
+    # Absolute links are relative: nothing points into the host's /.
+    assert (root / "usr/bin/tool").readlink() == Path("tool-1")
+    assert (root / "lib64/ld-linux-x86-64.so.2").readlink() == Path(f"../lib/{TRIPLET}/libc.so.6")
+    # A link to a file no locked package ships is dropped, and so is a link to it.
+    assert not (root / "usr/bin/dangling").is_symlink()
+    assert not (root / "usr/bin/chained").is_symlink()
+    assert not (root / "usr/share/doc").exists()
+    # lib/ holds the locked libraries but never the C library, which comes with the host's loader.
+    assert sorted(p.name for p in (out / "lib").iterdir()) == ["libz.so.1", "libz.so.1.2.13"]
+    assert (out / "lib/libz.so.1").read_bytes() == b"zlib"
+    packages = json.loads((out / "packages.json").read_text())
+    assert [(p["package"], p["version"]) for p in packages] == [
+        ("libc6", "2.36-9"),
+        ("tool", "1.0"),
+        ("zlib1g", "1:1.2.13"),
+    ]
+
+
+def test_skipped_package_is_listed_but_not_unpacked(tmp_path: Path) -> None:
+    code, out = _unpack(tmp_path, _debs(tmp_path), "--skip", "libc6")
+    assert code == 0
+    assert not (out / "root/lib" / TRIPLET / "libc.so.6").exists()
+    assert "libc6" in [p["package"] for p in json.loads((out / "packages.json").read_text())]
+
+
+def test_two_packages_disagreeing_about_a_path_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    debs = _debs(tmp_path)
+    debs.append(
+        make_deb(tmp_path / "debs", "other", "2.0", ARCH, {"usr/bin/tool-1": Exec(b"#!/bin/sh\nexit 1\n")})
+    )
+    code, out = _unpack(tmp_path, debs)
+    assert code == 1
+    assert "/usr/bin/tool-1 of tool differs from the one other ships" in capsys.readouterr().err
+    assert not out.exists() and not out.with_name("out.partial").exists()
+
+
+def test_debs_other_than_the_locked_ones_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    debs = _debs(tmp_path)
+    lock = write_lock(tmp_path / "lock.json", lock_for(debs[:2], ARCH))
+    code = toolchain_root(
+        ["--lock", str(lock), "--out", str(tmp_path / "out"), "--triplet", TRIPLET, *map(str, debs)]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert (
+        f"{lock}: expected exactly the 2 locked .debs, got 3: missing none, not locked ['{debs[2].name}']"
+        in err
+    )
+
+
+def test_a_deb_whose_sha256_is_not_the_locked_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    debs = _debs(tmp_path)
+    lock_doc = lock_for(debs, ARCH)
+    lock = write_lock(tmp_path / "lock.json", lock_doc)
+    locked = lock_doc["packages"][0]["sha256"]  # type: ignore[index]
+    debs[0].write_bytes(debs[0].read_bytes() + b"\0")
+    code = toolchain_root(
+        ["--lock", str(lock), "--out", str(tmp_path / "out"), "--triplet", TRIPLET, *map(str, debs)]
+    )
+    assert code == 1
+    assert f"{debs[0]}: sha256 mismatch: expected {locked} ({lock}), actual " in capsys.readouterr().err
+
+
+PROBE = """\
+import sys, zlib, ssl
+print(sys.version.split()[0], zlib.ZLIB_RUNTIME_VERSION, ssl.OPENSSL_VERSION.split()[1], sys.executable)
+"""
+
+PROBE_BUILD = """\
+load("//rules:py.bzl", "py_tool")
+
+py_tool(name = "probe", main = "probe.py")
+
+genrule(
+    name = "probed",
+    outs = ["probed.txt"],
+    cmd = "$(location :probe) > $@",
+    tools = [":probe"],
+)
+"""
+
+
+@pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (run make setup)")
+def test_actions_run_the_locked_interpreter_not_the_hosts(tmp_path: Path) -> None:
+    """An action's program runs CPython 3.11.2 of the locked .debs with their zlib and OpenSSL, whatever
+    python3 the host has."""
+    workspace = minimal_workspace(tmp_path / "ws", PROBE_BUILD, files={"probe.py": PROBE})
+    with shut_down_after(workspace):
+        result = workspace.bazel("build", "//:probed")
+        assert result.returncode == 0, result.output
+        version, zlib, openssl, executable = workspace.bin_path("probed.txt").read_text().split()
+    assert (version, zlib, openssl) == ("3.11.2", "1.2.13", "3.0.22")
+    machine = platform.machine()
+    assert executable.endswith(f"/sparkseal_python_linux_{machine}/root/usr/bin/python3.11"), executable
