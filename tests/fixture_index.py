@@ -11,6 +11,8 @@ Knobs for failure tests:
 - ``listed_sha256_override``: filename -> sha256 to list instead of the true one (``None``: list no hash);
 - ``unlisted``: filenames served under ``/packages/`` but left off their project page;
 - ``served_bytes_override``: filename -> bytes served instead of the listed content (a corrupt download);
+- ``bazel_cuts``: filename -> how many of Bazel's requests for it get a cut-short answer (``send_cut_short``);
+  other clients, and Bazel's later requests, get the whole file: the file is fine, Bazel's transfer fails.
 - ``json_pages=False``: pages answer HTML (as a PEP 503-only index does). A request whose ``Accept``
   header does not ask for the JSON type gets HTML too.
 - ``basic_auth=(login, password)``: a private index; every request without those credentials (HTTP basic
@@ -54,6 +56,34 @@ def stop_loopback(server: ThreadingHTTPServer | None, thread: threading.Thread |
     thread.join()
 
 
+def bazel_cut_due(handler: BaseHTTPRequestHandler, cuts: Counter[str], name: str) -> bool:
+    """Whether to cut this answer short (``send_cut_short``): Bazel asks for ``name`` while ``cuts`` lasts.
+
+    Stands in for a proxy or a network that breaks Bazel's downloads but not other clients': only a request
+    whose ``User-Agent`` is Bazel's (``Bazel/<version>``) is cut, so Python's urllib in the same build gets
+    the whole file. Each cut uses one of ``cuts[name]``; the caller holds whatever lock guards ``cuts``.
+    """
+    if not handler.headers.get("User-Agent", "").startswith("Bazel/") or cuts[name] <= 0:
+        return False
+    cuts[name] -= 1
+    return True
+
+
+def send_cut_short(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """An interrupted transfer: announce all of ``body`` (``Content-Length``), send half, close.
+
+    Bazel 4.2.3 hashes what arrived and reports a checksum mismatch; a client that checks the length
+    reports a short read. Either way the download fails without the file being wrong.
+    """
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.wfile.write(body[: len(body) // 2])
+    handler.close_connection = True
+
+
 class FixtureIndex:
     """A threaded loopback HTTP server holding a few files and their project pages."""
 
@@ -64,6 +94,7 @@ class FixtureIndex:
         listed_sha256_override: Mapping[str, str | None] | None = None,
         unlisted: Iterable[str] = (),
         served_bytes_override: Mapping[str, bytes] | None = None,
+        bazel_cuts: Mapping[str, int] | None = None,
         absolute_urls: bool = False,
         json_pages: bool = True,
         basic_auth: tuple[str, str] | None = None,
@@ -72,6 +103,7 @@ class FixtureIndex:
         self.listed_sha256_override = dict(listed_sha256_override or {})
         self.unlisted = set(unlisted)
         self.served_bytes_override = dict(served_bytes_override or {})
+        self.bazel_cuts: Counter[str] = Counter(bazel_cuts or {})
         self.absolute_urls = absolute_urls
         self.json_pages = json_pages
         self.basic_auth = basic_auth
@@ -167,7 +199,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_page(parts[2])
         elif len(parts) == 3 and parts[1] == "packages" and parts[2] in index.files:
             body = index.served_bytes_override.get(parts[2], index.files[parts[2]])
-            self._send(200, "application/octet-stream", body)
+            with index._lock:
+                cut = bazel_cut_due(self, index.bazel_cuts, parts[2])
+            if cut:
+                send_cut_short(self, body)
+            else:
+                self._send(200, "application/octet-stream", body)
         else:
             self._send(404, "text/plain", b"not found\n")
 

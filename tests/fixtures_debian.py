@@ -4,6 +4,8 @@
     with AptRepo(tmp / "repo", [deb, ...], codename="bookworm") as repo:
         repo.sources      # an apt sources file: deb [trusted=yes] http://127.0.0.1:PORT/ ./
         repo.requests     # Counter of requested paths
+        repo.served_bytes_override[name] = b"..."  # a corrupt download
+        repo.bazel_cuts[name] = 2                  # Bazel's next 2 downloads of it are cut short
 
 ``make_deb`` builds with ``dpkg-deb --build``; ``make_raw_deb`` writes the ar and tar members itself, for
 archives dpkg-deb refuses to build (paths with ``..``, absolute paths, zstd members).
@@ -26,7 +28,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 
-from tests.fixture_index import start_loopback, stop_loopback
+from tests.fixture_index import bazel_cut_due, send_cut_short, start_loopback, stop_loopback
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ class AptRepo:
         )
         self.requests: Counter[str] = Counter()
         self.served_bytes_override: dict[str, bytes] = {}
+        self.bazel_cuts: Counter[str] = Counter()
         self.sources = root.parent / f"{root.name}.sources.list"
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -248,6 +251,9 @@ class AptRepo:
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
+                    return
+                if bazel_cut_due(self, repo.bazel_cuts, name):
+                    send_cut_short(self, (repo.root / name).read_bytes())
                     return
                 super().do_GET()
 

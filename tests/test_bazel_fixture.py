@@ -259,6 +259,50 @@ def test_download_with_wrong_bytes_fails_with_both_hashes(
     assert not (cached / _sha(artifacts[SDIST])).exists()
 
 
+def test_bazel_download_failing_on_the_locked_file_blames_the_download(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The index serves the locked sdist, but Bazel's transfers of it are cut short (as a proxy might
+    cut them): Bazel reports a checksum mismatch, which must not read as a wrong file. The message names
+    the file, the URL and the locked sha256 the second client got, then Bazel's own error ends the fetch;
+    a transfer cut only once heals on the second download."""
+    tmp = tmp_path_factory.mktemp("cut")
+    artifacts = _artifacts(tmp)
+    locked = _sha(artifacts[SDIST])
+    with FixtureIndex(artifacts, bazel_cuts={SDIST: 2}) as index:
+        ws = _workspace(tmp / "ws", tmp / "cache", index)
+        url = index.file_url(SDIST)
+        explanation = (
+            f"sparkseal: {SDIST}: Bazel's downloader failed to fetch {url}, but a second client "
+            f"(Python's urllib) fetched it with the locked sha256 {locked}, so the file is fine and the "
+            "failure is Bazel's download (e.g. a proxy, TLS, or a partial/interrupted transfer"
+        )
+        cached = ws.repository_cache / "content_addressable/sha256" / locked / "file"
+        try:
+            fx = Fixture(ws, index, artifacts)
+            fx.configure()
+            code, output = fx.build("//third_party/vllm:pristine_tree")
+            assert code != 0
+            assert explanation in output, output
+            assert "sha256 mismatch" not in output
+            # Bazel's own error (its second download, cut again) follows the explanation.
+            after = output[output.index(explanation) :]
+            assert re.search(rf"Error downloading \[{re.escape(url)}\] to ", after), output
+            assert index.bazel_cuts[SDIST] == 0
+            assert index.requests[f"/packages/{SDIST}"] == 3  # Bazel, the second client, Bazel again
+            assert index.requests["/simple/vllm/"] == 1  # no restart of the rule repeats the lookup
+            assert not cached.exists()
+
+            index.bazel_cuts[SDIST] = 1
+            code, output = fx.build("//third_party/vllm:pristine_tree")
+            assert code == 0, output
+            assert explanation in output
+            assert index.requests[f"/packages/{SDIST}"] == 6
+            assert cached.read_bytes() == artifacts[SDIST]
+        finally:
+            ws.shutdown()
+
+
 def test_lock_hash_differs_from_index(fixture: Fixture) -> None:
     wrong = "ab" * 32
     lock = fixture.lock(sdist={"filename": SDIST, "sha256": wrong})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -186,6 +187,34 @@ def test_corrupt_download_is_rejected_with_actual_hash(fixture: Fixture) -> None
     assert f"actual {hashlib.sha256(corrupt).hexdigest()}" in result.output
     cached = ws.repository_cache / "content_addressable/sha256"
     assert not (cached / hashlib.sha256(corrupt).hexdigest()).exists()
+
+
+def test_bazel_download_failing_on_the_locked_deb_blames_the_download(fixture: Fixture) -> None:
+    """apt's mirror serves the locked .deb, but Bazel's transfers of it are cut short: the message says
+    Bazel's download failed (the second client got the locked sha256), not that the .deb is wrong, and
+    Bazel's own error follows."""
+    tool = fixture.debs[1]
+    fixture.repo.bazel_cuts[tool.name] = 2
+    ws = fixture.workspace("ws-cut", fixture.tmp / "cache-cut")
+    try:
+        result = ws.bazel("build", "@debian_fixture//:debs")
+        cuts_left = fixture.repo.bazel_cuts[tool.name]
+    finally:
+        fixture.repo.bazel_cuts.clear()
+        ws.shutdown()
+    assert result.returncode != 0
+    assert cuts_left == 0
+    match = re.search(
+        rf"sparkseal: tool=1\.0 \({re.escape(tool.name)}\): Bazel's downloader failed to fetch "
+        rf"(http://\S+/{re.escape(tool.name)}), but a second client \(Python's urllib\) fetched it with the "
+        rf"locked sha256 {sha256(tool)}, so the file is fine and the failure is Bazel's download",
+        result.output,
+    )
+    assert match, result.output
+    assert "sha256 mismatch" not in result.output
+    after = result.output[match.end() :]
+    assert re.search(rf"Error downloading \[{re.escape(match[1])}\] to ", after), result.output
+    assert not (ws.output_base / "external/debian_fixture/BUILD").exists()
 
 
 def test_the_base_layer_unpacks_its_debs_itself_and_builds_no_rootfs_tree(

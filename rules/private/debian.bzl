@@ -23,7 +23,13 @@ write (or upload to a remote cache) the unpacked base OS beside its layer.
 """
 
 load(":common.bzl", "ACTION_ENV", "tool")
-load(":pypi_download.bzl", "from_repository_cache", "run_python_helper")
+load(
+    ":pypi_download.bzl",
+    "download_verified",
+    "from_repository_cache",
+    "prepare_download_verified",
+    "run_python_helper",
+)
 
 # NETRC: credentials for mirrors that need them (else ~/.netrc).
 APT_ENVIRON = ["SPARKSEAL_APT_SOURCES", "NETRC"]
@@ -100,30 +106,6 @@ def _credentials(rctx, urls):
         fail("%s\n(while fetching @%s)" % (result.stderr.strip(), rctx.name))
     return json.decode(result.stdout)
 
-def _download(rctx, entry, target, output):
-    url = target["url"]
-    if rctx.download([url], output, sha256 = entry["sha256"], allow_fail = True, auth = target["auth"]).success:
-        return
-
-    # Tell a mismatch from an outage (Bazel does not say what it got); nothing unverified is kept.
-    probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [entry["filename"], url])
-    if probe.return_code == 0:
-        fail("sparkseal: %s=%s (%s): sha256 mismatch: expected %s (locked in %s), actual %s (downloaded from %s)" % (
-            entry["package"],
-            entry["version"],
-            entry["filename"],
-            entry["sha256"],
-            rctx.attr.lock,
-            probe.stdout.strip(),
-            url,
-        ))
-    fail("sparkseal: %s=%s: download from %s failed: %s" % (
-        entry["package"],
-        entry["version"],
-        url,
-        probe.stderr.strip(),
-    ))
-
 def fetch_debs(rctx):
     """Fetch every .deb of the lock `rctx.attr.lock` into `debs/`, verified; return the lock's entries.
 
@@ -135,11 +117,22 @@ def fetch_debs(rctx):
         if not from_repository_cache(rctx, entry["filename"], entry["sha256"], "debs/" + entry["filename"]):
             missing.append(entry)
     if missing:
+        prepare_download_verified(rctx)
         urls = _resolve(rctx, missing)
         targets = _credentials(rctx, urls.values())
         for entry in missing:
             rctx.report_progress("downloading %s" % entry["filename"])
-            _download(rctx, entry, targets[urls[entry["package"]]], "debs/" + entry["filename"])
+            target = targets[urls[entry["package"]]]
+            download_verified(
+                rctx,
+                entry["filename"],
+                target["url"],
+                "debs/" + entry["filename"],
+                entry["sha256"],
+                target["auth"],
+                subject = "%s=%s (%s)" % (entry["package"], entry["version"], entry["filename"]),
+                locked = "locked in %s" % rctx.attr.lock,
+            )
     return packages
 
 def _debian_packages_impl(rctx):

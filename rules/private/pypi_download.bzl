@@ -17,11 +17,13 @@ def host_python(rctx):
         fail("sparkseal: no python3 on PATH; repository rules need the host Python 3 to query the index")
     return python
 
-def run_python_helper(rctx, module, args):
-    """Run `python3 -m <module> <args>` with only the module's declared sources; return the result.
+def prepare_python_helper(rctx, module):
+    """Link the declared sources of `module` into the repository; return the directory that holds them.
 
     Each source (HELPER_SOURCES) is read through its label, so Bazel re-runs the calling repository rule
-    when one changes; the helper sees no other file of the checkout.
+    when one changes; the helper sees no other file of the checkout. Bazel restarts the rule from its
+    first line when it reads a label it has not seen yet: a rule that prepares a helper before a download
+    keeps those restarts from repeating the download.
     """
     if module not in HELPER_SOURCES:
         fail("sparkseal: %s is not a declared repository-rule helper (rules/private/helpers.bzl)" % module)
@@ -30,9 +32,14 @@ def run_python_helper(rctx, module, args):
         package, _, name = source.rpartition("/")
         if not rctx.path("%s/%s" % (root, source)).exists:
             rctx.symlink(rctx.path(Label("@//%s:%s" % (package, name))), "%s/%s" % (root, source))
+    return rctx.path(root)
+
+def run_python_helper(rctx, module, args):
+    """Run `python3 -m <module> <args>` with only the module's declared sources; return the result."""
+    root = prepare_python_helper(rctx, module)
     return rctx.execute(
         [host_python(rctx), "-m", module] + args,
-        environment = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(rctx.path(root))},
+        environment = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(root)},
         quiet = True,
     )
 
@@ -57,30 +64,70 @@ def from_repository_cache(rctx, filename, sha256, output, urls = []):
         return True
     return len(urls) > 0 and rctx.download(urls, output, sha256 = sha256, allow_fail = True).success
 
+def prepare_download_verified(rctx):
+    """Link download_verified's helper in now, before the network work that comes before the download.
+
+    Bazel restarts a repository rule from its first line for each helper source it has not seen yet;
+    a caller that looks a URL up (index, apt) first calls this, so the restarts repeat no lookup.
+    """
+    prepare_python_helper(rctx, "sparkseal.fetch.actual_sha256")
+
+def download_verified(rctx, filename, url, output, sha256, auth, subject = None, locked = "locked"):
+    """Let Bazel download `url` into `output`, verified against `sha256`; on failure, say why and fail.
+
+    Bazel's download result says only `success`, so a second client (sparkseal.fetch.actual_sha256,
+    Python's urllib) fetches the URL to scratch space and names the digest it got:
+
+    - another digest: the file at the URL is not the locked one ("sha256 mismatch", both digests);
+    - the locked digest: the file is fine and Bazel's own transfer failed (a proxy, TLS, a cut transfer,
+      which Bazel 4.2.3 reports as "Checksum was ... but wanted ..."). That is printed, and Bazel
+      downloads once more without `allow_fail`: a transient failure then heals, a lasting one ends the
+      fetch with Bazel's own error (with `allow_fail`, the rule sees only `success = False`);
+    - no digest: the URL cannot be fetched at all; the helper's error names the cause.
+
+    `url` must carry no credentials (they travel in `auth`): it is printed, by us and by Bazel.
+    `subject` names the file in messages (default `filename`); `locked` says where the sha256 is locked.
+    Bazel removes the half-made repository on failure, and nothing unverified reaches the repository cache.
+    """
+    # Before the download: linking the helper after it would restart the rule and download again.
+    prepare_download_verified(rctx)
+    if rctx.download([url], output, sha256 = sha256, allow_fail = True, auth = auth).success:
+        return
+    subject = subject or filename
+    probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [filename, url])
+    if probe.return_code != 0:
+        fail("sparkseal: %s: download from %s failed: %s" % (subject, url, probe.stderr.strip()))
+    actual = probe.stdout.strip()
+    if actual != sha256:
+        fail("sparkseal: %s: sha256 mismatch: expected %s (%s), actual %s (downloaded from %s)" % (
+            subject,
+            sha256,
+            locked,
+            actual,
+            url,
+        ))
+
+    print(" ".join([
+        "sparkseal: %s: Bazel's downloader failed to fetch %s," % (subject, url),
+        "but a second client (Python's urllib) fetched it with the locked sha256 %s," % sha256,
+        "so the file is fine and the failure is Bazel's download (e.g. a proxy, TLS, or a",
+        "partial/interrupted transfer, which Bazel reports as a checksum mismatch).",
+        "Downloading once more with Bazel; if that fails too, Bazel's own error follows.",
+    ]))
+    rctx.download([url], output, sha256 = sha256, auth = auth)
+
 def download_locked_file(rctx, filename, sha256, output, urls = []):
     """Fetch `filename` with the locked `sha256` into `output` (a path relative to the repository).
 
-    Fails with a message naming the artifact, the expected and the actual sha256 on a mismatch; Bazel
-    removes the half-made repository on failure, and nothing unverified reaches the repository cache.
+    A failed download fails naming the artifact and the cause (download_verified): a mismatch with the
+    expected and the actual sha256, or a failure of Bazel's downloader with Bazel's own error.
     """
     if len(sha256) != 64:
         fail("sparkseal: %s: locked sha256 %r is not 64 hex digits" % (filename, sha256))
     if from_repository_cache(rctx, filename, sha256, output, urls):
         return
+    prepare_download_verified(rctx)
     rctx.report_progress("looking up %s in the package index" % filename)
     url, auth = _resolve_url(rctx, filename, sha256)
     rctx.report_progress("downloading %s" % filename)
-    if rctx.download([url], output, sha256 = sha256, allow_fail = True, auth = auth).success:
-        return
-
-    # The verified download failed: tell a mismatch from an outage. Bazel will not fetch the same URL
-    # again in this fetch, so a small helper downloads it to scratch space to name the actual sha256.
-    probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [filename, url])
-    if probe.return_code == 0:
-        fail("sparkseal: %s: sha256 mismatch: expected %s (locked), actual %s (downloaded from %s)" % (
-            filename,
-            sha256,
-            probe.stdout.strip(),
-            url,
-        ))
-    fail("sparkseal: %s: download from %s failed: %s" % (filename, url, probe.stderr.strip()))
+    download_verified(rctx, filename, url, output, sha256, auth)

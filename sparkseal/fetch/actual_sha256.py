@@ -1,8 +1,9 @@
 """Repository-rule helper for error reports: download a URL to scratch space and print its sha256.
 
-Bazel's downloader rejects a file whose sha256 differs from the lock but does not say what it got, and
-refuses the same URL again within one fetch; this names the actual hash for the error message. The
-scratch copy is deleted; nothing reaches the repository cache.
+When Bazel's verified download fails, its result says only ``success = False``. This second client (Python's
+urllib) tells the two causes apart for the error message: a digest other than the locked one is a real
+mismatch; the locked digest means the file is fine and Bazel's own transfer failed (a proxy, TLS, a cut
+transfer). The scratch copy is deleted; nothing reaches the repository cache.
 """
 
 from __future__ import annotations
