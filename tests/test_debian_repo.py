@@ -24,7 +24,14 @@ pytestmark = [
 ]
 
 ARCH = "amd64"
-COPIES = ("rules", "sparkseal", "third_party/bazel", "third_party/scan", "third_party/zstd")
+COPIES = (
+    "rules",
+    "sparkseal",
+    "third_party/bazel",
+    "third_party/scan",
+    "third_party/toolchains",
+    "third_party/zstd",
+)
 WORKSPACE = (
     """\
 workspace(name = "sparkseal")
@@ -32,7 +39,10 @@ workspace(name = "sparkseal")
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
 local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-register_toolchains("//third_party/bazel/python:python3_toolchain")
+
+load("//rules:defs.bzl", "sparkseal_toolchains")
+
+sparkseal_toolchains()
 
 load("//rules/private:debian.bzl", "debian_packages")
 
