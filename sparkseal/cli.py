@@ -485,6 +485,7 @@ def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         seed=args.seed,
         speculation=args.speculation,
         tie_margin=args.tie_margin,
+        top_logprobs=args.top_logprobs,
         record=args.record,
         against=args.against,
         log=args.log,
@@ -524,16 +525,18 @@ def _positive(kind: type) -> object:
 
 
 def _add_live_check(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.runtime.live_check import TOP_LOGPROBS
+
     live = commands.add_parser(
         "live-check",
         help="validate a running vLLM server (first request, soak, prefix cache, DSpark, lossless, log)",
         description="Validate a running vLLM OpenAI-compatible server before taking DSpark into service: "
         "a first request with a deadline, a soak of greedy requests, a long prompt cold and then from the "
-        "prefix cache (both must answer alike), drafted and accepted tokens from /metrics, the soak's "
-        "completions against a reference recorded without speculation, and the server log scanned for "
-        "tracebacks, dead engines, RPC timeouts, NCCL errors, illegal memory accesses and out-of-memory. "
-        "Prompts are token ids, so servers started with --skip-tokenizer-init work. Exit 0 pass, "
-        "1 a finding, 2 a usage error or an unreachable server.",
+        "prefix cache (both must answer alike up to a near-tie flip), drafted and accepted tokens from "
+        "/metrics, the soak's completions against a reference recorded without speculation, and the server "
+        "log scanned for tracebacks, dead engines, RPC timeouts, NCCL errors, illegal memory accesses and "
+        "out-of-memory. Prompts are token ids, so servers started with --skip-tokenizer-init work. Exit 0 "
+        "pass, 1 a finding, 2 a usage error or an unreachable server.",
     )
     live.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     live.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
@@ -581,8 +584,18 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
         "--tie-margin",
         type=float,
         default=0.1,
-        help="a first difference where the reference's top two tokens were this close in log-probability "
-        "and the server chose the other is a near-tie flip, not a finding (default: 0.1; 0: exact match)",
+        help="a first difference from the reference, or of the cached long prompt from the cold one, where "
+        "the token the server chose was this close in log-probability to the best token recorded there "
+        "(whatever its rank among the --top-logprobs recorded) is a near-tie flip, not a finding; a token "
+        "beyond it or not recorded at all is (default: 0.1; 0: exact match)",
+    )
+    live.add_argument(
+        "--top-logprobs",
+        type=_positive(int),
+        default=TOP_LOGPROBS,
+        metavar="K",
+        help="log-probabilities recorded per position by --record and asked for the long prompt, cold and "
+        f"cached; at most the server's --max-logprobs (default: {TOP_LOGPROBS})",
     )
     reference = live.add_mutually_exclusive_group()
     reference.add_argument(

@@ -2,7 +2,10 @@
 
 The model is a deterministic function of the prompt: completion token ``i`` is
 ``(sum(prompt) * 31 + i * 7) % 997``, so a cached and a cold prompt answer alike, and a faulty mode can
-change exactly one answer. Counters follow vLLM's Prometheus names.
+change exactly one answer. Its log-probabilities rank, at every position, the model's token first (-0.5)
+and ``ranked(token, r)`` r-th after it (``runner_up_gap`` below the best for the runner-up, ``rank_step``
+more for each further rank); as vLLM does, a chosen token outside the asked-for top k is added to them.
+Counters follow vLLM's Prometheus names.
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ class Behaviour:
     drop_usage: bool = False  # completions omit usage
     cache_differs: bool = False  # a repeated prompt answers differently
     perturb_request: int | None = None  # the n-th distinct prompt answers differently
-    runner_up_request: int | None = None  # the n-th distinct prompt takes the runner-up token at position 3
+    runner_up_request: int | None = None  # the n-th distinct prompt takes a lower-ranked token at position 3
+    runner_up_rank: int = 1  # the rank of that token (1: the runner-up)
     runner_up_gap: float = 0.05  # log-probability gap between the best and the runner-up token
+    rank_step: float = 1.0  # and between each further rank and the one before it
+    cache_rank: int | None = None  # a repeated prompt takes the token of this rank at position 3
     models_status: int = 200
     empty_completions: bool = False
     seen_prompts: list[tuple[int, ...]] = field(default_factory=list)
@@ -50,9 +56,25 @@ def answer(prompt: list[int], max_tokens: int) -> list[int]:
     return [(base + i * 7) % 997 for i in range(max_tokens)]
 
 
+def ranked(token: int, rank: int) -> int:
+    """The token the fake model ranks ``rank``-th after ``token`` wherever ``token`` is its best (0: itself).
+
+    Distinct for every rank below 997, since 997 is prime; ``token + 1`` (a perturbed answer) is none of
+    the first 100.
+    """
+    return (token + 500 * rank) % 997
+
+
 def runner_up(token: int) -> int:
     """The token the fake model ranks second wherever ``token`` is its best."""
-    return (token + 500) % 997
+    return ranked(token, 1)
+
+
+def logprob(behaviour: Behaviour, rank: int) -> float:
+    """The log-probability of the fake model's ``rank``-th token after its best."""
+    if rank == 0:
+        return -0.5
+    return -0.5 - behaviour.runner_up_gap - behaviour.rank_step * (rank - 1)
 
 
 class FakeServer:
@@ -146,13 +168,16 @@ class FakeServer:
         if b.malformed:
             return 200, b'{"choices": [ {"text": "trunc'
         max_tokens = 0 if b.empty_completions else int(body["max_tokens"])
-        tokens = answer(list(prompt), max_tokens)
+        best = answer(list(prompt), max_tokens)
+        tokens = list(best)
         if (b.cache_differs and repeated) or (
             b.perturb_request is not None and distinct_index == b.perturb_request
         ):
             tokens = tokens[:3] + [(t + 1) % 997 for t in tokens[3:]]
-        if b.runner_up_request is not None and distinct_index == b.runner_up_request:
-            tokens = [*tokens[:3], runner_up(tokens[3]), *tokens[4:]]
+        if b.runner_up_request is not None and distinct_index == b.runner_up_request and len(tokens) > 3:
+            tokens[3] = ranked(best[3], b.runner_up_rank)
+        if b.cache_rank is not None and repeated and len(tokens) > 3:
+            tokens[3] = ranked(best[3], b.cache_rank)
         with self._lock:
             self._count("vllm:prefix_cache_queries", len(prompt))
             if repeated:
@@ -176,10 +201,11 @@ class FakeServer:
             document["usage"] = usage
         if body.get("logprobs"):
             assert body.get("return_tokens_as_token_ids") is True  # keys are "token_id:N" without a tokenizer
-            document["choices"][0]["logprobs"] = {
-                "top_logprobs": [
-                    {f"token_id:{t}": -0.5, f"token_id:{runner_up(t)}": -0.5 - b.runner_up_gap}
-                    for t in tokens
-                ]
-            }
+            top = int(body["logprobs"])
+            positions = []
+            for model, chosen in zip(best, tokens, strict=True):
+                position = {f"token_id:{ranked(model, r)}": logprob(b, r) for r in range(top)}
+                position.setdefault(f"token_id:{chosen}", -20.0)
+                positions.append(position)
+            document["choices"][0]["logprobs"] = {"top_logprobs": positions}
         return 200, json.dumps(document).encode()

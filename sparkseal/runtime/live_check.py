@@ -14,13 +14,17 @@ finding, never a stuck process.
 
 The lossless check compares the soak's completions with a reference file that ``--record`` wrote against
 the same model served without speculation. The reference carries its own prompts and ``max_tokens``, so
-``--against`` replays exactly what was recorded, and the reference's top-2 log-probabilities at every
-position. Speculative decoding verifies drafts with the target model, so its greedy output equals the
-non-speculative one up to floating-point rounding: the verification pass runs other kernels and batch
-shapes than a one-token decode, and in bf16 that can flip the choice between two near-equal tokens. A
-completion that first differs where the reference's two best tokens were within ``--tie-margin`` (in
-log-probability) of each other and the server chose the other one is counted as a near-tie flip, not a
-finding; any other difference is a finding.
+``--against`` replays exactly what was recorded, and the reference's top ``--top-logprobs`` (5)
+log-probabilities at every position. Speculative decoding verifies drafts with the target model, so its
+greedy output equals the non-speculative one up to floating-point rounding: the verification pass runs
+other kernels and batch shapes than a one-token decode, and in bf16 that can flip the choice between
+near-equal tokens. A nearly flat model has several of them at a position, and rounding may pick any, not
+only the runner-up. So a completion that first differs where the token the server chose was within
+``--tie-margin`` (in log-probability) of the reference's best token there, whatever its rank among the
+recorded ones, is counted as a near-tie flip, not a finding; a chosen token beyond the margin, or not
+among the recorded top tokens at all, is a finding. The same rule judges the long prompt served from the
+prefix cache against the cold prompt, which asks for log-probabilities for that reason: vLLM does not
+promise that a cached prefill rounds like a cold one.
 
 With tensor parallelism, two more steps prove that the ranks agree. The module check: the sparkseal vLLM
 plugin logs, in every worker, that the module files of every rank are identical (or stops them all); the
@@ -50,6 +54,11 @@ from urllib.parse import urlsplit, urlunsplit
 from sparkseal.core.nccl import NcclLogError, RankLog, first_divergence, parse_log
 
 REFERENCE_FORMAT = "sparkseal-live-reference/1"
+
+# Log-probabilities recorded per position (--record) and asked of the long prompt, cold and cached. Two were
+# too few: on a nearly flat model the token a rounding flip picks is often the third or fourth best, and a
+# token the record does not rank cannot be judged by its margin. vLLM serves up to 20 (--max-logprobs).
+TOP_LOGPROBS = 5
 
 # Prometheus counters of vLLM's v1 engine (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py).
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -147,6 +156,7 @@ class Options:
     seed: int = 0
     speculation: str = "auto"  # auto | required | off
     tie_margin: float = 0.1
+    top_logprobs: int = TOP_LOGPROBS
     record: Path | None = None
     against: Path | None = None
     log: Path | None = None
@@ -393,12 +403,110 @@ def _output(completion: Completion) -> list[int] | str:
     return completion.tokens if completion.tokens is not None else completion.text
 
 
+def _ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first token where a completion leaves the one it is held to, judged by the latter's log-probs.
+
+    Only the first difference is judged: after it the two completions continue from different prefixes, so
+    nothing later says anything about rounding.
+    """
+
+    at: int
+    chosen: int | None  # None: text completions, or one completion ended here
+    expected: int | None
+    top: dict[int, float]  # the expected completion's recorded log-probabilities at ``at``; empty if none
+    tie_margin: float
+    lengths: tuple[int, int]
+
+    @property
+    def margin(self) -> float | None:
+        """How far below the best recorded token the chosen one was; None when it was not recorded."""
+        if self.chosen is None or self.chosen not in self.top:
+            return None
+        return max(self.top.values()) - self.top[self.chosen]
+
+    @property
+    def rank(self) -> int | None:
+        """The chosen token's rank (1: best) among the recorded tokens; None when it was not recorded."""
+        if self.chosen is None or self.chosen not in self.top:
+            return None
+        return 1 + sum(logprob > self.top[self.chosen] for logprob in self.top.values())
+
+    @property
+    def near_tie(self) -> bool:
+        margin = self.margin
+        return margin is not None and margin <= self.tie_margin
+
+    def figures(self) -> dict[str, Any]:
+        margin = self.margin
+        return {
+            "token": self.at,
+            "chosen": self.chosen,
+            "expected": self.expected,
+            "rank": self.rank,
+            "margin": round(margin, 4) if margin is not None else None,
+        }
+
+    def describe(self, chooser: str, holder: str) -> str:
+        """Why this difference is (or is not) a near-tie, naming both tokens and the margin."""
+        if self.chosen is None or self.expected is None:
+            if self.lengths[0] != self.lengths[1]:
+                return f"{chooser} has {self.lengths[0]} tokens, {holder} {self.lengths[1]}"
+            return "the answers are text, not token ids, so no near-tie can be judged"
+        said = f"{chooser} chose token {self.chosen} where {holder} chose {self.expected}"
+        if self.expected in self.top:
+            said += f" (log-prob {self.top[self.expected]:.4g})"
+        if not self.top:
+            return f"{said}; {holder} recorded no log-probabilities there"
+        margin, rank = self.margin, self.rank
+        if margin is None or rank is None:
+            spread = max(self.top.values()) - min(self.top.values())
+            return (
+                f"{said}; {self.chosen} is not among {holder}'s top {len(self.top)} there, so its margin "
+                f"is at least {spread:.4g} (tie margin {self.tie_margin:g})"
+            )
+        return (
+            f"{said}; {holder} ranked {self.chosen} {_ordinal(rank)} of {len(self.top)} at log-prob "
+            f"{self.top[self.chosen]:.4g}, a margin of {margin:.4g}, "
+            f"{'within' if self.near_tie else 'beyond'} the tie margin {self.tie_margin:g}"
+        )
+
+
+def _divergence(
+    got: list[int] | str, want: list[int] | str, top: list[dict[int, float]] | None, tie_margin: float
+) -> Divergence:
+    """Judge by ``want``'s own log-probabilities: it is the answer ``got`` is held to (reference, cold)."""
+    at = _first_difference(got, want)
+    lengths = (len(got), len(want))
+    if not isinstance(got, list) or not isinstance(want, list) or at >= min(lengths):
+        return Divergence(at, None, None, {}, tie_margin, lengths)
+    recorded = top[at] if top is not None and at < len(top) else {}
+    return Divergence(at, got[at], want[at], recorded, tie_margin, lengths)
+
+
+def _reference_top(path: Path | None, index: int, top: Any) -> list[dict[int, float]] | None:
+    """One reference completion's recorded ``[token, log-prob]`` pairs per position, as dictionaries."""
+    if top is None:
+        return None
+    try:
+        return [{int(token): float(logprob) for token, logprob in position} for position in top]
+    except (TypeError, ValueError) as error:
+        raise UsageError(
+            f"--against {path}: top_logprobs of completion #{index} are not [token, log-prob] pairs ({error})"
+        ) from None
+
+
 def run(options: Options, progress: Callable[[str], None] = lambda _line: None) -> Report:
     """Run every step against the server; findings go into the report, unreachable raises."""
     if options.record is not None and options.against is not None:
         raise UsageError("--record and --against exclude each other")
-    if options.soak < 1 or options.concurrency < 1 or options.max_tokens < 1:
-        raise UsageError("--soak, --concurrency and --max-tokens must be at least 1")
+    if options.soak < 1 or options.concurrency < 1 or options.max_tokens < 1 or options.top_logprobs < 1:
+        raise UsageError("--soak, --concurrency, --max-tokens and --top-logprobs must be at least 1")
     if options.log is not None and not options.log.is_file():
         raise UsageError(f"--log {options.log}: no such file")
     if options.nccl_logs is not None and not options.nccl_logs.is_dir():
@@ -465,7 +573,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     progress(f"soak: {len(prompts)} requests, {options.concurrency} client(s) ...")
     soak_before = _metrics(client, options.timeout)
     # Only a recording asks for log-probabilities: a checked server runs exactly the requests it serves.
-    logprobs = 2 if options.record is not None else 0
+    logprobs = options.top_logprobs if options.record is not None else 0
     results, wall = _soak(
         client, report.model, prompts, max_tokens, options.timeout, options.concurrency, logprobs
     )
@@ -504,7 +612,8 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
             f"soak: {len(of_kind)} of {len(prompts)} requests failed ({kind}); first #{index}: {error}",
         )
 
-    # 3. A long cold prompt, then the same prompt again: a prefix-cache hit, which must answer the same.
+    # 3. A long cold prompt, then the same prompt again: a prefix-cache hit, which must answer the same up
+    # to a near-tie flip (vLLM's cached and cold prefills run other batch shapes, so they may round apart).
     progress("long prompt, cold then cached ...")
     cache = Step("prefix-cache", ok=False)
     report.steps.append(cache)
@@ -512,9 +621,10 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         1, options.long_prompt_tokens, options.vocab_low, options.vocab_high, time.time_ns()
     )[0]
     before = _metrics(client, options.timeout)
+    k = options.top_logprobs
     try:
-        cold = complete(client, report.model, long_prompt, max_tokens, options.first_timeout)
-        warm = complete(client, report.model, long_prompt, max_tokens, options.first_timeout)
+        cold = complete(client, report.model, long_prompt, max_tokens, options.first_timeout, k)
+        warm = complete(client, report.model, long_prompt, max_tokens, options.first_timeout, k)
     except RequestFailed as error:
         report.flag(cache, error.kind, f"long prompt: {error}")
     else:
@@ -533,12 +643,18 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
                 after[METRIC_PREFIX_HITS] - before.get(METRIC_PREFIX_HITS, 0)
             )
         if _output(cold) != _output(warm):
-            at = _first_difference(_output(cold), _output(warm))
-            report.flag(
-                cache,
-                "mismatch",
-                f"the cached long prompt answered differently from the cold one at token {at}",
-            )
+            divergence = _divergence(_output(warm), _output(cold), cold.top_logprobs, options.tie_margin)
+            cache.figures["tie_margin"] = options.tie_margin
+            if divergence.near_tie:
+                cache.figures["near_tie_flip"] = divergence.figures()
+            else:
+                cache.figures["first_difference"] = divergence.figures()
+                report.flag(
+                    cache,
+                    "mismatch",
+                    f"the cached long prompt answered differently from the cold one at token "
+                    f"{divergence.at}: {divergence.describe('the cached answer', 'the cold answer')}",
+                )
 
     # 4. Speculative decoding: drafted and accepted tokens over the whole check.
     metrics_after = _metrics(client, options.timeout)
@@ -648,6 +764,7 @@ def _lossless_step(
             "format": REFERENCE_FORMAT,
             "model": report.model,
             "max_tokens": max_tokens,
+            "logprobs": options.top_logprobs,
             "prompts": prompts,
             "completions": outputs,
             "top_logprobs": [
@@ -663,12 +780,18 @@ def _lossless_step(
         tmp = options.record.with_name(options.record.name + ".tmp")
         tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n")
         tmp.replace(options.record)
-        step.figures = {"recorded": len(outputs), "file": str(options.record)}
+        step.figures = {
+            "recorded": len(outputs),
+            "file": str(options.record),
+            "top_logprobs": options.top_logprobs,
+        }
         return
     if reference is None:
         step.skipped = "no reference (--against FILE)"
         return
-    equal, differing, ties = 0, [], []
+    equal = 0
+    differing: list[tuple[int, Divergence]] = []
+    ties: list[tuple[int, Divergence]] = []
     tops = reference.get("top_logprobs") or [None] * len(outputs)
     for index, (got, want, top) in enumerate(zip(outputs, reference["completions"], tops, strict=True)):
         if got is None:
@@ -680,12 +803,8 @@ def _lossless_step(
         if got == want:
             equal += 1
             continue
-        at = _first_difference(got, want)
-        margin = _near_tie(got, want, top, at, options.tie_margin)
-        if margin is not None:
-            ties.append((index, at, margin))
-        else:
-            differing.append((index, at))
+        divergence = _divergence(got, want, _reference_top(options.against, index, top), options.tie_margin)
+        (ties if divergence.near_tie else differing).append((index, divergence))
     step.figures = {
         "compared": equal + len(differing) + len(ties),
         "equal": equal,
@@ -694,29 +813,17 @@ def _lossless_step(
         "tie_margin": options.tie_margin,
     }
     if ties:
-        step.figures["largest_tie_margin"] = round(max(margin for _, _, margin in ties), 4)
+        step.figures["largest_tie_margin"] = round(max(d.margin or 0.0 for _, d in ties), 4)
     if differing:
-        index, at = differing[0]
-        step.figures["first_difference"] = {"request": index, "token": at}
+        index, divergence = differing[0]
+        step.figures["first_difference"] = {"request": index, **divergence.figures()}
         report.flag(
             step,
             "mismatch",
             f"lossless: {len(differing)} of {step.figures['compared']} completions differ from "
-            f"{options.against} beyond a near-tie (first: request #{index} at token {at})",
+            f"{options.against} beyond a near-tie (first: request #{index} at token {divergence.at}: "
+            f"{divergence.describe('the server', 'the reference')})",
         )
-
-
-def _near_tie(
-    got: list[int] | str, want: list[int] | str, top: Any, at: int, tie_margin: float
-) -> float | None:
-    """The reference's log-probability margin at the first difference, if the server chose its runner-up."""
-    if not isinstance(got, list) or not isinstance(want, list) or not top or at >= min(len(got), len(want)):
-        return None
-    position = {int(token): float(logprob) for token, logprob in top[at]}
-    if want[at] not in position or got[at] not in position:
-        return None
-    margin = position[want[at]] - position[got[at]]
-    return margin if 0 <= margin <= tie_margin else None
 
 
 # The sparkseal vLLM plugin's line (sparkseal/runtime/plugin.py), as vLLM's logging prints it.
