@@ -322,7 +322,7 @@ def _add_nccl_diff(commands: argparse._SubParsersAction) -> None:
 
 def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.audit.provenance_check import CheckInputError, check, render
-    from sparkseal.audit.provenance_sign import SignatureError
+    from sparkseal.core.dsse import SignatureError
 
     if args.root is not None and not args.root.is_dir():
         parser.error(f"--root {args.root}: expected a directory, found none")
@@ -339,7 +339,8 @@ def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 def _provenance_sign(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.audit.provenance_check import CheckInputError
-    from sparkseal.audit.provenance_sign import SigningInputError, sign
+    from sparkseal.audit.provenance_sign import sign
+    from sparkseal.core.dsse import SigningInputError
 
     try:
         written = sign(args.provenance, args.key, args.out)
