@@ -270,6 +270,7 @@ def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _add_scan(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.core.archives import KINDS, MAX_ARCHIVE_DEPTH
     from sparkseal.core.scan import DEFAULT_ALLOW, RULES
 
     scan = commands.add_parser(
@@ -280,7 +281,9 @@ def _add_scan(commands: argparse._SubParsersAction) -> None:
         "passwords, private IPv4 addresses, home directories and key files (our own rules). Without PATHS "
         "and --image: the files of the git checkout in the current directory (tracked and "
         "untracked-not-ignored; bazel-* and .git skipped). --image reads every layer of an OCI layout "
-        "directory, OCI archive or docker archive. "
+        f"directory, OCI archive or docker archive. Archives among the files ({', '.join(KINDS)}) are "
+        f"opened, {MAX_ARCHIVE_DEPTH} levels deep: a finding inside one is named ARCHIVE!member, and a "
+        "corrupt archive or a bomb is an error (exit 2). "
         f"Our rules: {', '.join(RULES)}. Findings are exit 1; each prints as file:line:rule with the match "
         "redacted.",
     )
@@ -332,7 +335,7 @@ def _add_nccl_diff(commands: argparse._SubParsersAction) -> None:
 
 def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.audit.provenance_check import CheckInputError, check, render
-    from sparkseal.audit.provenance_sign import SignatureError
+    from sparkseal.core.dsse import SignatureError
 
     if args.root is not None and not args.root.is_dir():
         parser.error(f"--root {args.root}: expected a directory, found none")
@@ -349,7 +352,8 @@ def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 def _provenance_sign(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.audit.provenance_check import CheckInputError
-    from sparkseal.audit.provenance_sign import SigningInputError, sign
+    from sparkseal.audit.provenance_sign import sign
+    from sparkseal.core.dsse import SigningInputError
 
     try:
         written = sign(args.provenance, args.key, args.out)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkseal.core.credentials import CredentialsError, for_url, redact, split_credentials
 from sparkseal.fetch import credentials, resolve
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import FetchError, list_files, lookup
@@ -47,13 +48,13 @@ def _with_credentials(url: str, login: str, password: str) -> str:
 
 def test_strip_and_redact_percent_encoded_credentials() -> None:
     url = "https://ci%40corp:p%3Ass@index.internal:8443/simple"
-    clean, found = credentials.split_credentials(url)
+    clean, found = split_credentials(url)
     assert clean == "https://index.internal:8443/simple"
     assert found is not None and (found.login, found.password) == ("ci@corp", "p:ss")
-    assert credentials.redact(url) == "https://***@index.internal:8443/simple"
+    assert redact(url) == "https://***@index.internal:8443/simple"
     assert "p:ss" not in repr(found) and "ci@corp" not in repr(found)
     plain = "https://index.internal/simple"
-    assert credentials.split_credentials(plain) == (plain, None)
+    assert split_credentials(plain) == (plain, None)
 
 
 def test_index_credentials_apply_to_its_own_host_only(no_netrc: None) -> None:
@@ -78,8 +79,8 @@ def test_broken_netrc_is_named_without_its_content(monkeypatch: pytest.MonkeyPat
     netrc = tmp_path / "netrc"
     netrc.write_text("machine files.internal login bob password\nS3cr3tToken extra\n")
     monkeypatch.setenv("NETRC", str(netrc))
-    with pytest.raises(credentials.CredentialsError) as caught:
-        credentials.for_url("https://files.internal/a.whl")
+    with pytest.raises(CredentialsError) as caught:
+        for_url("https://files.internal/a.whl")
     assert str(caught.value).startswith(f"{netrc}: not a readable netrc file (line ")
     assert "S3cr3t" not in str(caught.value)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import collections
+import itertools
 import re
 import shutil
 import subprocess
@@ -212,6 +214,130 @@ def test_the_import_check_names_an_upward_import() -> None:
         "sparkseal.core",
         "sparkseal/core/tar.py:5: imports sparkseal.runtime.verify; sparkseal.core may import only "
         "sparkseal.core",
+    ]
+
+
+def _module_name(rel: Path) -> str:
+    """``sparkseal/fetch/index.py`` -> ``sparkseal.fetch.index`` (a package's ``__init__`` is the package)."""
+    parts = rel.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(modules: dict[Path, str]) -> list[str]:
+    """Every import cycle among the modules of one folder of ``modules`` (repository path -> source).
+
+    The direction check keeps the folders apart; inside one, two modules that import each other (at module
+    level or in a function) would be one unit in disguise: neither can be read, tested, or given its own
+    Bazel inputs alone, and a module-level pair breaks as soon as either is imported first. One line per
+    cycle (a strongly connected part of the folder's import graph): each module of it and the line where
+    it imports the next, around the cycle back to the first.
+    """
+    names = {_module_name(rel): rel for rel in modules}
+    edges: dict[str, dict[str, int]] = {name: {} for name in names}
+    for name, rel in names.items():
+        for line, imported in _our_imports(modules[rel]):
+            if imported in names and names[imported].parent == rel.parent and imported != name:
+                edges[name].setdefault(imported, line)
+            elif imported == name:
+                edges[name].setdefault(name, line)
+    # Tarjan's strongly connected components, iterative so no recursion limit applies.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in edges[node]:
+                    components.append(sorted(component))
+    found = []
+    for component in sorted(components):
+        path = _shortest_cycle(component[0], edges, set(component))
+        hops = ", ".join(
+            f"{names[a].as_posix()}:{edges[a][b]} imports {b}" for a, b in itertools.pairwise(path)
+        )
+        folder = names[component[0]].parent.as_posix()
+        found.append(f"{folder}: import cycle among {', '.join(component)}: {hops}")
+    return found
+
+
+def _shortest_cycle(start: str, edges: dict[str, dict[str, int]], members: set[str]) -> list[str]:
+    """The shortest import path from ``start`` back to itself through ``members`` (breadth first)."""
+    came_from: dict[str, str] = {}
+    queue = collections.deque([start])
+    while queue:
+        node = queue.popleft()
+        for child in sorted(edges[node]):
+            if child == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if child in members and child not in came_from:
+                came_from[child] = node
+                queue.append(child)
+    raise AssertionError(f"{start}: no cycle back to it among {sorted(members)}")
+
+
+def test_no_import_cycles_inside_a_folder() -> None:
+    """No module imports, directly or through others of its folder, a module that imports it back."""
+    assert import_cycles(_package_modules()) == []
+
+
+def test_the_cycle_check_names_a_planted_cycle() -> None:
+    modules = {
+        Path("sparkseal/audit/provenance_check.py"): (
+            "def verify():\n    from sparkseal.audit import provenance_sign\n"
+        ),
+        Path("sparkseal/audit/provenance_sign.py"): (
+            "import json\n\nfrom sparkseal.audit.provenance_check import load_statement\n"
+        ),
+        Path("sparkseal/audit/compare.py"): "from sparkseal.audit.provenance_check import check\n",
+        # a three-module cycle, through a package-level `from sparkseal.fetch import x`
+        Path("sparkseal/fetch/a.py"): "from sparkseal.fetch import b\n",
+        Path("sparkseal/fetch/b.py"): "import sparkseal.fetch.c\n",
+        Path("sparkseal/fetch/c.py"): "\n\nfrom sparkseal.fetch.a import x\n",
+        # the same names in two folders are no cycle; one-way imports are none either
+        Path("sparkseal/runtime/a.py"): "from sparkseal.core.b import y\n",
+        Path("sparkseal/core/b.py"): "from sparkseal.core import c\n",
+        Path("sparkseal/core/c.py"): "",
+    }
+    assert import_cycles(modules) == [
+        "sparkseal/audit: import cycle among sparkseal.audit.provenance_check, "
+        "sparkseal.audit.provenance_sign: sparkseal/audit/provenance_check.py:2 imports "
+        "sparkseal.audit.provenance_sign, sparkseal/audit/provenance_sign.py:3 imports "
+        "sparkseal.audit.provenance_check",
+        "sparkseal/fetch: import cycle among sparkseal.fetch.a, sparkseal.fetch.b, sparkseal.fetch.c: "
+        "sparkseal/fetch/a.py:1 imports sparkseal.fetch.b, sparkseal/fetch/b.py:1 imports "
+        "sparkseal.fetch.c, sparkseal/fetch/c.py:3 imports sparkseal.fetch.a",
     ]
 
 

@@ -18,7 +18,6 @@ HELPER_SOURCES = {
         "sparkseal/core/wheels.py",
         "sparkseal/fetch/__init__.py",
         "sparkseal/fetch/actual_sha256.py",
-        "sparkseal/fetch/credentials.py",
         "sparkseal/fetch/download.py",
         "sparkseal/fetch/index.py",
     ],

@@ -15,8 +15,9 @@ statement that is not an in-toto Statement v1 with SLSA v1 provenance, or an art
 an input error (:class:`CheckInputError`, exit 2).
 
 A signed statement (a DSSE envelope, ``sparkseal provenance sign``) is checked with ``pubkey``: its
-signature is verified first (``sparkseal.audit.provenance_sign``) and only the verified payload's subjects
-are trusted. An envelope without ``pubkey`` is an input error: nothing is checked unsigned by accident.
+signature is verified first (``sparkseal.core.dsse``, the envelope module that signing uses too) and only
+the verified payload's subjects are trusted. An envelope without ``pubkey`` is an input error: nothing
+is checked unsigned by accident.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkseal.core import dsse
 from sparkseal.core.digests import sha256_file, tree_digest
 from sparkseal.core.locks import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS
 from sparkseal.core.manifest import FORMAT as MODULE_MANIFEST_FORMAT
@@ -186,13 +188,11 @@ def subject_checks(subject: dict[str, Any], artifact: Path) -> list[Check]:
 
 def _verified_payload(provenance: Path, pubkey: Path | None) -> bytes | None:
     """The statement a signed ``provenance`` holds, once its signature verifies; None for a plain one."""
-    from sparkseal.audit import provenance_sign
-
     try:
         data = json.loads(provenance.read_bytes())
     except (OSError, ValueError):
         data = None  # load_statement names the problem
-    if not provenance_sign.is_envelope(data):
+    if not dsse.is_envelope(data):
         if pubkey is not None:
             raise CheckInputError(
                 f"{provenance}: --pubkey {pubkey}: expected a signed statement (a DSSE envelope from "
@@ -205,8 +205,8 @@ def _verified_payload(provenance: Path, pubkey: Path | None) -> bytes | None:
             "before its subjects"
         )
     try:
-        return provenance_sign.verify(provenance, pubkey)
-    except provenance_sign.SigningInputError as error:
+        return dsse.verify(provenance, pubkey)
+    except dsse.SigningInputError as error:
         raise CheckInputError(str(error)) from error
 
 
@@ -216,7 +216,7 @@ def check(
     """Check every subject of ``provenance``; ``artifacts`` replace the lookup under ``root`` by kind.
 
     A signed statement needs ``pubkey``; its signature is verified first (a failure raises
-    :class:`sparkseal.audit.provenance_sign.SignatureError`).
+    :class:`sparkseal.core.dsse.SignatureError`).
     """
     payload = _verified_payload(provenance, pubkey)
     subjects = load_statement(provenance, payload)

@@ -1,8 +1,13 @@
-"""Credentials from a netrc file, the one reader of it: private indexes, Debian mirrors and registries.
+"""Credentials for private indexes, Debian mirrors and registries: the one reader of them.
 
-The fetch helpers (``sparkseal.fetch.credentials``) and the push action (``sparkseal.actions.oci_push``) read
-the file pip and curl read, the same way, and show credentials nowhere: :class:`Credentials` prints as
-``***`` and a netrc parse error names the file and line, never the token it stopped at.
+Two sources, the two pip itself accepts: ``user:password@`` in the index URL, else a netrc entry for
+the host (the file pip and curl read, read the same way). The fetch helpers (the index lookup, the
+download, ``sparkseal.fetch.credentials`` for Bazel's downloads) and the push action
+(``sparkseal.actions.oci_push``) all come here, and show credentials nowhere: :class:`Credentials` prints
+as ``***``, every URL that reaches a message goes through :func:`redact` first, a request carries them in
+an ``Authorization`` header beside the URL, never inside it, and a netrc parse error names the file and
+line, never the token it stopped at. The request helper lives here, beside the credentials it sends,
+rather than with the index lookup, so that every fetch module can use it without importing another.
 
 Standard library only: repository rules run this module with the host ``python3``.
 """
@@ -12,6 +17,8 @@ from __future__ import annotations
 import base64
 import netrc
 import os
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,3 +73,72 @@ def from_netrc(host: str, path: Path | None = None) -> Credentials | None:
         return None
     login, _account, password = entry
     return Credentials(login or "", password or "", str(path))
+
+
+def _netloc(parts: urllib.parse.SplitResult) -> str:
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    return host if parts.port is None else f"{host}:{parts.port}"
+
+
+def _split(url: str) -> urllib.parse.SplitResult:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as error:
+        raise ValueError("its port is not a number") from error
+    return parts
+
+
+def redact(url: str) -> str:
+    """``url`` with any user name and password replaced by ``***`` (safe to print)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{REDACTED}@{parts.netloc.rpartition('@')[2]}"))
+
+
+def split_credentials(url: str) -> tuple[str, Credentials | None]:
+    """Split ``url`` into the URL without user name and password, and those credentials (if any)."""
+    parts = _split(url)
+    if "@" not in parts.netloc:
+        return url, None
+    clean = urllib.parse.urlunsplit(parts._replace(netloc=_netloc(parts)))
+    login = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    return clean, Credentials(login, password, "the index URL")
+
+
+def for_url(url: str, index: str | None = None) -> Credentials | None:
+    """The credentials to send with a request for ``url``.
+
+    Those of the index URL apply to every URL on the index's host and port (so files the index serves
+    from its own host are fetched with them, as pip does); any other host is looked up in the netrc file.
+    """
+    parts = _split(url)
+    if parts.scheme not in ("http", "https"):
+        return None
+    if index is not None:
+        index_parts = _split(index)
+        _, index_credentials = split_credentials(index)
+        if index_credentials is not None and _netloc(index_parts) == _netloc(parts):
+            return index_credentials
+    if "@" in parts.netloc:
+        return split_credentials(url)[1]
+    return from_netrc(parts.hostname or "")
+
+
+def request(
+    url: str, index: str | None = None, headers: dict[str, str] | None = None
+) -> urllib.request.Request:
+    """A request for ``url`` (credentials removed from it) carrying the credentials :func:`for_url` finds.
+
+    The ``Authorization`` header is not passed on to a redirect's target, which may be another host.
+    """
+    clean, _ = split_credentials(url)
+    found = for_url(url, index)
+    req = urllib.request.Request(clean, headers=headers or {})
+    if found is not None:
+        req.add_unredirected_header("Authorization", found.header())
+    return req

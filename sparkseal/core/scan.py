@@ -21,6 +21,16 @@ and an entry without a reason is a usage error. An entry that names a module's s
 bytecode (``pkg/__pycache__/mod.cpython-311.pyc`` for ``pkg/mod.py``). It lives at the repository root,
 beside ``.gitignore``, rather than inside the ``sparkseal`` package: it is policy about this repository's
 files, and the package ships in the image where the list would mean nothing.
+
+Archives among the files named on the command line (or the checkout's) are opened
+(``sparkseal.core.archives``: wheels, zips, sdists, tars, .debs, by name): read as files, their compressed
+bytes hid every secret from our rules, and the catalogue skips a file that looks like an archive. Their
+regular members are scanned instead, and those that are archives in turn, down to ``MAX_ARCHIVE_DEPTH``.
+A finding inside one is named ``ARCHIVE!member`` (nested: ``outer!inner!member``), and so are allow-list
+paths for it. An archive that cannot be read, or is refused as a bomb, fails the scan
+(:class:`ScanInputError`, exit 2), as an unreadable image does: it is no finding, since the scan cannot
+say what the archive holds, and an allow-list entry must not be able to wave it through. The image scan
+opens no archive inside a layer: it reads what the image holds, at the speed the image build needs.
 """
 
 from __future__ import annotations
@@ -40,6 +50,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from sparkseal.core.archives import (
+    MAX_ARCHIVE_DEPTH,
+    ArchiveError,
+    ArchiveKind,
+    Budget,
+    Member,
+    archive_kind,
+    members,
+)
 from sparkseal.core.catalogue import Catalogue, CatalogueError
 from sparkseal.core.oci import LayoutError, blob_path, layer_tar
 
@@ -50,6 +69,7 @@ _MAX_LINE = 1 << 20  # a longer line (minified or binary data) is scanned in pie
 # Layer members are written to scratch space and handed to the catalogue in batches of about this many
 # bytes: one scanner start per batch, and scratch space bounded even for the torch layer.
 _BATCH_BYTES = 1 << 30
+_MAX_NAME = 200  # bytes of a member's file name in a batch (file systems allow 255)
 
 
 class ScanInputError(Exception):
@@ -91,6 +111,8 @@ class Report:
     allowed: list[Finding] = field(default_factory=list)
     unused_allow: list[AllowEntry] = field(default_factory=list)
     scanner: dict[str, object] = field(default_factory=dict)  # the catalogue's name, version, rule count
+    archives: int = 0  # archives opened (their members are among ``files``)
+    notes: list[str] = field(default_factory=list)  # archives nested too deep to open
 
     @property
     def clean(self) -> bool:
@@ -603,7 +625,13 @@ class _CatalogueBatches:
         self.findings: list[Finding] = []
 
     def _place(self, name: str) -> str:
-        base = name.rpartition("/")[2] or "member"
+        # The last part of the name only (an archive member's: ``a.whl!pkg/x.py`` gives ``x.py``); one
+        # that names no file, holds a NUL or is too long for a file name is replaced.
+        base = name.replace("!", "/").rpartition("/")[2].replace("\0", "_")
+        if base in ("", ".", ".."):
+            base = "member"
+        elif len(os.fsencode(base)) > _MAX_NAME:
+            base = "member" + PurePosixPath(base).suffix[:16]
         level = self.seen[base]
         self.seen[base] += 1
         directory = f"{self.batch}/{level:06d}"
@@ -705,6 +733,96 @@ def scan_files(
     return count, sorted(findings, key=lambda f: (f.path, f.line or 0, f.rule))
 
 
+@dataclass(frozen=True)
+class Scanned:
+    """What :func:`scan_paths` read and found (before the allow-list)."""
+
+    files: int
+    archives: int
+    notes: list[str]
+    findings: list[Finding]
+
+
+class _PathScan:
+    """The files of :func:`run_scan` and the archives among them, scanned through one set of batches.
+
+    A file on disk is hard-linked into the catalogue's batch, as the layer action's files are. An
+    archive's members are copied there, each under a name of the batch's own, so no member path (absolute,
+    with ``..``, or through a link) is ever a path on disk; an archive inside one is copied to
+    ``nested/`` and opened in turn. All of it lies in the scan's private scratch directory.
+    """
+
+    def __init__(self, catalogue: Catalogue, scratch: Path) -> None:
+        self.batches = _CatalogueBatches(catalogue, None, scratch)
+        self.nested = scratch / "nested"
+        self.nested.mkdir()
+        self.files = 0
+        self.archives = 0
+        self.notes: list[str] = []
+        self.findings: list[Finding] = []
+
+    def file(self, source: Path, name: str) -> None:
+        """Scan the file at ``source`` (named ``name``), or the members of the archive it is."""
+        kind = archive_kind(name)
+        if kind is not None:
+            self._archive(source, name, kind, 1, Budget())
+            return
+        self.files += 1
+        with open(source, "rb") as content:
+            self.findings.extend(scan_stream(name, content))
+        self.batches.add_file(source, name)
+
+    def _archive(self, source: Path, shown: str, kind: ArchiveKind, depth: int, budget: Budget) -> None:
+        self.archives += 1
+        listed = members(source, shown, kind, budget)
+        try:
+            for member in listed:
+                name = f"{shown}!{member.name}"
+                inner = archive_kind(member.name)
+                if inner is not None and depth < MAX_ARCHIVE_DEPTH:
+                    self._nested(member, name, inner, depth + 1, budget)
+                    continue
+                if inner is not None:
+                    self.notes.append(
+                        f"{name}: {inner.description} nested deeper than {MAX_ARCHIVE_DEPTH} archives "
+                        "(MAX_ARCHIVE_DEPTH): not opened, its bytes read by sparkseal's own rules only"
+                    )
+                self.files += 1
+                copy = self.batches.add_copy(member.stream, name, member.size)
+                with open(copy, "rb") as again:
+                    self.findings.extend(scan_stream(name, again))
+                self.batches.bound()
+        except ArchiveError as error:
+            raise ScanInputError(str(error)) from error
+        finally:
+            listed.close()  # closes the archive even when a member failed
+
+    def _nested(self, member: Member, name: str, kind: ArchiveKind, depth: int, budget: Budget) -> None:
+        # A file of its own, not a batch member: a zip needs to seek, and a batch may be scanned and
+        # removed while the nested archive is still being read.
+        fd, part = tempfile.mkstemp(dir=self.nested)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(member.stream, out, _CHUNK)
+            self._archive(Path(part), name, kind, depth, budget)
+        finally:
+            os.unlink(part)
+
+
+def scan_paths(files: Iterable[tuple[Path, str]], catalogue: Catalogue) -> Scanned:
+    """Scan files where they lie, ``(source, name)`` pairs, opening the archives among them.
+
+    Unlike :func:`scan_files` (the layer action's), an archive's members are scanned, not its bytes.
+    """
+    with tempfile.TemporaryDirectory(prefix="sparkseal-scan-") as scratch:
+        scan = _PathScan(catalogue, Path(scratch))
+        for source, name in files:
+            scan.file(source, name)
+        found = scan.findings + scan.batches.finish()
+    findings = sorted(found, key=lambda f: (f.path, f.line or 0, f.rule))
+    return Scanned(scan.files, scan.archives, scan.notes, findings)
+
+
 def scan_image(path: Path, catalogue: Catalogue) -> tuple[int, list[Finding]]:
     """Scan every regular file of every layer, streaming the tars; return (files scanned, findings)."""
     source = _Source(path)
@@ -762,9 +880,10 @@ def run_scan(
         files = [(file.as_posix(), file) for path in paths for file in _walk(path)]
     elif image is None:
         files = [(name, root / name) for name in repository_files(root)]
-    scanned, found = scan_files([(file, name) for name, file in files], catalogue)  # sorted
-    report.files += scanned
-    findings.extend(found)
+    scanned = scan_paths([(file, name) for name, file in files], catalogue)  # sorted
+    report.files += scanned.files
+    report.archives, report.notes = scanned.archives, scanned.notes
+    findings.extend(scanned.findings)
     if image is not None:
         image_files, image_findings = scan_image(image, catalogue)
         report.files += image_files
@@ -782,6 +901,8 @@ def render(report: Report, as_json: bool) -> str:
                 "files": report.files,
                 "findings": [asdict(f) for f in report.findings],
                 "allowed": len(report.allowed),
+                "archives": report.archives,
+                "notes": report.notes,
                 "scanner": report.scanner,
                 "unused_allow": [asdict(e) for e in report.unused_allow],
             },
@@ -790,8 +911,11 @@ def render(report: Report, as_json: bool) -> str:
         )
     lines = [f"{f.location()}: {f.match}" for f in report.findings]
     lines.extend(f"note: allow-list entry {e.path} {e.rule} matched nothing" for e in report.unused_allow)
+    lines.extend(f"note: {note}" for note in report.notes)
+    opened = f" ({report.archives} archives opened)" if report.archives else ""
     summary = (
-        f"{report.files} files scanned, {len(report.findings)} finding(s), {len(report.allowed)} allowed"
+        f"{report.files} files scanned{opened}, {len(report.findings)} finding(s), "
+        f"{len(report.allowed)} allowed"
         f" (rules: {len(RULES)} of sparkseal, {report.scanner.get('rules', 0)} of "
         f"{report.scanner.get('name', '?')} {report.scanner.get('version', '?')})"
     )

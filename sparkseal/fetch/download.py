@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sparkseal.core.credentials import CredentialsError, redact, request
 from sparkseal.core.digests import sha256_file as sha256_of
-from sparkseal.fetch import credentials
 from sparkseal.fetch.index import TIMEOUT_S, FetchError, IndexFile, index_url
 
 _CHUNK = 1 << 20
@@ -37,10 +37,10 @@ def download(file: IndexFile, directory: Path, index: str | None = None) -> tupl
     target = directory / file.filename
     if file.sha256 is not None and target.is_file() and sha256_of(target) == file.sha256:
         return target, file.sha256, True
-    shown = credentials.redact(file.url)
+    shown = redact(file.url)
     try:
-        req = credentials.request(file.url, index if index is not None else _configured_index())
-    except (ValueError, credentials.CredentialsError) as exc:
+        req = request(file.url, index if index is not None else _configured_index())
+    except (ValueError, CredentialsError) as exc:
         raise FetchError(f"{file.filename}: cannot download {shown}: {exc}") from exc
     fd, part_name = tempfile.mkstemp(dir=directory, prefix=f".{file.filename}.", suffix=".part")
     part = Path(part_name)

@@ -13,8 +13,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from sparkseal.core.credentials import CredentialsError, redact, request
 from sparkseal.core.wheels import normalize_name
-from sparkseal.fetch import credentials
 
 JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 60
@@ -109,10 +109,10 @@ def list_files(project: str, index: str | None = None) -> ProjectPage:
     index = index if index is not None else index_url()
     try:
         url = page_url(project, index)
-        req = credentials.request(url, index, headers={"Accept": JSON_CONTENT_TYPE})
-    except (ValueError, credentials.CredentialsError) as exc:
-        raise FetchError(f"index URL {credentials.redact(index)}: {exc}") from exc
-    shown = credentials.redact(url)
+        req = request(url, index, headers={"Accept": JSON_CONTENT_TYPE})
+    except (ValueError, CredentialsError) as exc:
+        raise FetchError(f"index URL {redact(index)}: {exc}") from exc
+    shown = redact(url)
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("http", "https"):
         raise FetchError(f"index URL {shown}: scheme {scheme!r} is not supported (expected http or https)")
@@ -132,7 +132,7 @@ def list_files(project: str, index: str | None = None) -> ProjectPage:
         raise FetchError(f"index unreachable: {shown}: {reason}") from exc
     if content_type != JSON_CONTENT_TYPE:
         raise FetchError(
-            f"index page {credentials.redact(final_url)} answered with content type {content_type!r}, "
+            f"index page {redact(final_url)} answered with content type {content_type!r}, "
             f"expected {JSON_CONTENT_TYPE!r}"
         )
     return ProjectPage(url=final_url, files=_parse_page(body, final_url))

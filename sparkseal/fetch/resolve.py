@@ -14,7 +14,8 @@ import json
 import re
 import sys
 
-from sparkseal.fetch import credentials
+from sparkseal.core.credentials import CredentialsError
+from sparkseal.fetch.credentials import bazel_auth
 from sparkseal.fetch.index import FetchError, index_url, lookup
 
 
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         index = args.index if args.index is not None else index_url()
         url = resolve(args.filename, args.sha256, index)
-        auth = credentials.bazel_auth(url, index) if args.bazel_auth else {}
-    except (FetchError, credentials.CredentialsError) as exc:
+        auth = bazel_auth(url, index) if args.bazel_auth else {}
+    except (FetchError, CredentialsError) as exc:
         message = " ".join(str(exc).split())
         print(f"sparkseal: {message}", file=sys.stderr)
         return 1
