@@ -8,6 +8,13 @@ file, with the program's runfiles on `PYTHONPATH`. The interpreter and its stand
 of the tool, so they are inputs of every action that runs it, on a remote worker too.
 """
 
+def runfiles_path(ctx, file):
+    """The path of `file` below a runfiles root (`<workspace>/pkg/f` or `<repository>/pkg/f`)."""
+    path = file.short_path
+    if path.startswith("../"):
+        return path[len("../"):]
+    return "%s/%s" % (ctx.workspace_name, path)
+
 _PYTHON_TOOLCHAIN = "@bazel_tools//tools/python:toolchain_type"
 
 _LAUNCHER = """#!/bin/sh
@@ -26,13 +33,6 @@ else
 fi
 PYTHONPATH="$runfiles/{workspace}" exec "$runfiles/{interpreter}" -s "$runfiles/{main}" "$@"
 """
-
-def runfiles_path(ctx, file):
-    """The path of `file` below a runfiles root (`<workspace>/pkg/f` or `<repository>/pkg/f`)."""
-    path = file.short_path
-    if path.startswith("../"):
-        return path[len("../"):]
-    return "%s/%s" % (ctx.workspace_name, path)
 
 def _py_tool_impl(ctx):
     runtime = ctx.toolchains[_PYTHON_TOOLCHAIN].py3_runtime

@@ -27,6 +27,16 @@ load(":platforms.bzl", "DEBIAN_ARCHITECTURES", "PLATFORMS", "TRIPLETS", "host_pl
 load(":pypi_download.bzl", "run_python_helper")
 
 
+SparksealCcInfo = provider(
+    doc = "The locked C/C++ toolchain of one execution platform, as the kernels action uses it.",
+    fields = {
+        "files": "depset of File: compilers, binutils, sysroot and library links (inputs of the action)",
+        "description": "File: toolchain.json (host, sysroot, library_path, and per target platform the " +
+                       "paths of cxx, tools_prefix, binutils_prefix and find_root, relative to the repository)",
+        "packages": "File: packages.json, name/version/architecture/sha256 of every locked .deb",
+    },
+)
+
 # Packages of the python kind that are never unpacked: the C library (the host's is used, with its
 # loader), and tools the interpreter does not run.
 _PYTHON_SKIP = ["libc6", "dpkg", "tar"]
@@ -158,16 +168,6 @@ locked_toolchain = repository_rule(
         ),
     },
     environ = APT_ENVIRON,
-)
-
-SparksealCcInfo = provider(
-    doc = "The locked C/C++ toolchain of one execution platform, as the kernels action uses it.",
-    fields = {
-        "files": "depset of File: compilers, binutils, sysroot and library links (inputs of the action)",
-        "description": "File: toolchain.json (host, sysroot, library_path, and per target platform the " +
-                       "paths of cxx, tools_prefix, binutils_prefix and find_root, relative to the repository)",
-        "packages": "File: packages.json, name/version/architecture/sha256 of every locked .deb",
-    },
 )
 
 def _sparkseal_cc_toolchain_impl(ctx):

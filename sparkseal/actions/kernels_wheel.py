@@ -122,16 +122,16 @@ def compiler_wrappers(description: Path, platform: str, host: str, folder: Path)
             f"{description}: a {host} toolchain compiles only {', '.join(sorted(spec['targets']))} wheels, "
             f"expected one of them, got {platform}"
         )
-    repo = Path.cwd() / description.parent
+    # The repository where its files really are: the sandbox links each input file to it, and gcc finds
+    # its own parts (and ld the C library's linker scripts, whose absolute paths it prefixes with the
+    # sysroot only for a script inside it) through resolved paths; one spelling keeps the two consistent.
+    repo = Path(os.path.realpath(description)).parent
     root = repo / spec["sysroot"]
     libs = repo / spec["library_path"]
     cxx = repo / target["cxx"]
     if not os.access(cxx, os.X_OK):
         raise KernelsWheelError(f"{description}: expected the compiler at {cxx}, found none")
-    # gcc finds its own parts through its resolved location (Bazel links each input into the sandbox), so
-    # both spellings of the root are mapped.
-    real_root = Path(os.path.realpath(cxx)).parents[len(Path(target["cxx"]).parts) - 2]
-    maps = sorted({f"-ffile-prefix-map={r}/=/" for r in (root, real_root)})
+    maps = [f"-ffile-prefix-map={root}/=/"]
     folder.mkdir(parents=True, exist_ok=True)
     prefix = target["tools_prefix"]
     triplet_prefix = Path(prefix).name
