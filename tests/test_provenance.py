@@ -7,6 +7,7 @@ import json
 import platform
 import shutil
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +134,37 @@ def build(tmp_path: Path) -> Build:
 
 def _statement(build: Build) -> dict:
     return json.loads(build.statement.read_text())
+
+
+def test_the_locked_interpreter_and_compilers_are_dependencies(build: Build, tmp_path: Path) -> None:
+    """Every .deb of the actions' interpreter and of the kernels' compilers is named with its sha256."""
+    out = tmp_path / "toolchains.intoto.json"
+    locks = {
+        "interpreter": REPO / "third_party/toolchains/python_bookworm_amd64.lock.json",
+        "compiler": REPO / "third_party/toolchains/cc_bookworm_amd64.lock.json",
+    }
+    args = [*provenance_args(build, out), "--interpreter-lock", str(locks["interpreter"])]
+    assert provenance.main([*args, "--compiler-lock", str(locks["compiler"])]) == 0
+    dependencies = json.loads(out.read_text())["predicate"]["buildDefinition"]["resolvedDependencies"]
+    for role, lock in locks.items():
+        recorded = {
+            (d["name"], d["digest"]["sha256"], urllib.parse.unquote(d["uri"].split("@")[0]))
+            for d in dependencies
+            if d["annotations"]["role"] == role
+        }
+        packages = json.loads(lock.read_text())["packages"]
+        assert recorded == {
+            (p["filename"], p["sha256"], f"pkg:deb/debian/{p['package']}") for p in packages
+        }, f"{lock}: expected each package as a {role} dependency"
+    names = [urllib.parse.unquote(d["uri"]) for d in dependencies if d["annotations"]["role"] in locks]
+    assert any(n.startswith("pkg:deb/debian/python3.11-minimal@3.11.2") for n in names)
+    assert any(n.startswith("pkg:deb/debian/g++-12@12.2.0") for n in names)
+    # Without the locks (an older build), the statement names no toolchain package.
+    assert not [
+        d
+        for d in _statement(build)["predicate"]["buildDefinition"]["resolvedDependencies"]
+        if d["annotations"]["role"] in locks
+    ]
 
 
 def test_zstd_layers_are_a_parameter_and_their_compressor_a_dependency(
@@ -580,7 +612,6 @@ genrule(
 
 provenance(
     name = "provenance",
-    bazel_version = "4.2.3",
     built_wheels = [
         "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
         "in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl",

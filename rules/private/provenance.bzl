@@ -10,6 +10,22 @@ load(":oci_image.bzl", "OciImageInfo")
 load(":oci_layer.bzl", "LayerCompressionInfo")
 load(":pex.bzl", "SparksealPexInfo")
 load(":platforms.bzl", "PLATFORMS")
+load(":toolchains.bzl", "LOCKS_TOOLCHAIN")
+
+BuildSettingInfo = provider(
+    doc = "The value of a string build setting.",
+    fields = {"value": "string"},
+)
+
+def _bazel_version_impl(ctx):
+    return [BuildSettingInfo(value = ctx.build_setting_value)]
+
+bazel_version = rule(
+    implementation = _bazel_version_impl,
+    doc = "The Bazel release a build runs on, recorded in the provenance's builder: declared, not read, " +
+          "since Debian's bazel-bootstrap reports none (`--config=bazel7` sets 7.7.1).",
+    build_setting = config.string(flag = True),
+)
 
 def _patch_args(args, patches):
     for patch in patches:
@@ -51,7 +67,12 @@ def _provenance_impl(ctx):
     args.add_all(["--subject", "sbom", ctx.file.sbom.short_path, ctx.file.sbom])
     for target in [ctx.attr.image, ctx.attr.pex, ctx.attr.manifest, ctx.attr.sbom]:
         args.add("--target", label_string(target.label))
-    args.add("--bazel-version", ctx.attr.bazel_version)
+    args.add("--bazel-version", ctx.attr._bazel_version[BuildSettingInfo].value)
+
+    # The locked interpreter and compilers of the platform the actions execute on.
+    locks = ctx.toolchains[LOCKS_TOOLCHAIN].locks
+    args.add("--interpreter-lock", locks.interpreter)
+    args.add("--compiler-lock", locks.compiler)
     cuda_archs = ctx.attr._cuda_archs_flag[CudaArchsInfo].archs
     if cuda_archs:
         args.add("--cuda-archs", ";".join(cuda_archs))
@@ -65,6 +86,8 @@ def _provenance_impl(ctx):
             ctx.file.tools_lock,
             ctx.file.debian_lock,
             ctx.file.cuda_lock,
+            locks.interpreter,
+            locks.compiler,
             image.digest,
             pex_digest,
             ctx.file.manifest,
@@ -104,14 +127,12 @@ provenance = rule(
             doc = "The zstd compressor's lock, recorded as a dependency when the layers are zstd.",
         ),
         "built_wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels the build makes (byproducts)."),
-        "bazel_version": attr.string(
-            mandatory = True,
-            doc = "The Bazel release the workspace is built with (Debian's bazel-bootstrap reports none).",
-        ),
+        "_bazel_version": attr.label(default = Label("//rules:bazel_version")),
         "_cuda_archs_flag": attr.label(default = Label("//kernels_sm121:cuda_archs")),
         "_compression": attr.label(default = Label("//rules:layer_compression")),
         "_tool": tool("//sparkseal/actions:provenance"),
     },
+    toolchains = [LOCKS_TOOLCHAIN],
 )
 
 def _sbom_impl(ctx):

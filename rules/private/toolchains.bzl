@@ -37,6 +37,18 @@ SparksealCcInfo = provider(
     },
 )
 
+# The locks of one execution platform's toolchains, for the provenance: a toolchain of its own, so that
+# recording them fetches nothing.
+LOCKS_TOOLCHAIN = "//third_party/toolchains:locks_toolchain_type"
+
+SparksealToolchainLocksInfo = provider(
+    doc = "The Debian locks of the locked toolchains of one execution platform.",
+    fields = {
+        "interpreter": "File: the lock of the interpreter every action runs on",
+        "compiler": "File: the lock of the kernels action's compilers",
+    },
+)
+
 # Packages of the python kind that are never unpacked: the C library (the host's is used, with its
 # loader), and tools the interpreter does not run.
 _PYTHON_SKIP = ["libc6", "dpkg", "tar"]
@@ -189,6 +201,20 @@ sparkseal_cc_toolchain = rule(
     },
 )
 
+def _sparkseal_toolchain_locks_impl(ctx):
+    return [platform_common.ToolchainInfo(
+        locks = SparksealToolchainLocksInfo(interpreter = ctx.file.interpreter, compiler = ctx.file.compiler),
+    )]
+
+sparkseal_toolchain_locks = rule(
+    implementation = _sparkseal_toolchain_locks_impl,
+    doc = "The locks of one execution platform's toolchains, for `//third_party/toolchains:locks_*`.",
+    attrs = {
+        "interpreter": attr.label(mandatory = True, allow_single_file = [".json"]),
+        "compiler": attr.label(mandatory = True, allow_single_file = [".json"]),
+    },
+)
+
 def sparkseal_toolchains():
     """Declares the locked toolchains' repositories and registers their toolchains (WORKSPACE).
 
@@ -206,6 +232,6 @@ def sparkseal_toolchains():
             )
     native.register_toolchains(*[
         "@sparkseal//third_party/toolchains:%s_%s" % (kind, p)
-        for kind in ["python", "cc"]
+        for kind in ["python", "cc", "locks"]
         for p in PLATFORMS
     ])

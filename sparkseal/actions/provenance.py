@@ -10,8 +10,10 @@ the same bytes:
 * ``buildDefinition.externalParameters``: the platform, the Bazel targets, the CUDA architecture override.
 * ``buildDefinition.resolvedDependencies``: the locked vLLM commit, sdist and upstream wheel, every patch of
   the series (in series order), every locked wheel and Debian package of the platform, the kernel
-  toolchain's wheels, the build tools' wheels and the secret scanner's wheels (the scanner and version that
-  scanned every layer), each with its sha256. Each carries ``annotations.role``.
+  toolchain's wheels, the build tools' wheels, the secret scanner's wheels (the scanner and version that
+  scanned every layer), and the Debian packages of the locked interpreter every action ran on
+  (``interpreter``) and of the locked compilers of the kernels (``compiler``), each with its sha256. Each
+  carries ``annotations.role``.
 * ``runDetails.builder``: :data:`BUILDER_ID`, with the Bazel release (declared by the workspace: a Debian
   ``bazel-bootstrap`` reports none) and the interpreter that runs the actions (read here at run time).
 * ``runDetails.byproducts``: the wheels the build made (our vLLM wheel, the sparkseal wheel).
@@ -100,6 +102,8 @@ class Inputs:
     scanner_lock: Path | None = None
     layer_compression: str = "gzip"
     zstd_lock: Path | None = None
+    interpreter_lock: Path | None = None
+    compiler_lock: Path | None = None
 
 
 def patch_descriptors(patches: Iterable[tuple[str, Path]]) -> list[dict[str, Any]]:
@@ -142,6 +146,10 @@ def statement(inputs: Inputs) -> dict[str, Any]:
         *(item.descriptor() for item in read_toolchain_lock(inputs.cuda_lock)),
         *(item.descriptor() for item in read_wheel_lock(inputs.tools_lock, "build-tool")),
     ]
+    # The locked toolchains every action ran on: their packages shape the outputs like any source.
+    for role, lock in (("interpreter", inputs.interpreter_lock), ("compiler", inputs.compiler_lock)):
+        if lock is not None:
+            dependencies.extend(item.descriptor() for item in read_debian_lock(lock, role))
     if inputs.scanner_lock is not None:
         dependencies.extend(
             item.descriptor() for item in read_toolchain_lock(inputs.scanner_lock, "secret-scanner")
@@ -208,6 +216,18 @@ def main(argv: list[str] | None = None) -> int:
         "--zstd-lock", type=Path, default=None, help="third_party/zstd/zstandard.lock.json (zstd layers)"
     )
     parser.add_argument(
+        "--interpreter-lock",
+        type=Path,
+        default=None,
+        help="third_party/toolchains/python_bookworm_<arch>.lock.json (the actions' interpreter)",
+    )
+    parser.add_argument(
+        "--compiler-lock",
+        type=Path,
+        default=None,
+        help="third_party/toolchains/cc_bookworm_<arch>.lock.json (the kernels' compilers)",
+    )
+    parser.add_argument(
         "--built-wheel", type=Path, action="append", default=[], help="a wheel the build made"
     )
     parser.add_argument(
@@ -248,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         scanner_lock=args.scanner_lock,
         layer_compression=args.layer_compression,
         zstd_lock=args.zstd_lock,
+        interpreter_lock=args.interpreter_lock,
+        compiler_lock=args.compiler_lock,
     )
     try:
         text = dumps(statement(inputs))

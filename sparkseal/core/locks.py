@@ -182,8 +182,10 @@ def read_wheel_lock(path: Path, role: str) -> list[Locked]:
     return found
 
 
-def read_debian_lock(path: Path) -> list[Locked]:
-    """Every package of a Debian lock (``sparkseal lock debian``), sorted by package name."""
+def read_debian_lock(path: Path, role: str = "deb") -> list[Locked]:
+    """Every package of a Debian lock (``sparkseal lock debian``), sorted by package name; ``role`` says
+    what the packages are to the build (``deb``: the image's base OS; ``interpreter``, ``compiler``: the
+    build's locked toolchains)."""
     data = load_json(path)
     suite = _field(data, "suite", path)
     packages = data.get("packages") if isinstance(data, dict) else None
@@ -196,7 +198,7 @@ def read_debian_lock(path: Path) -> list[Locked]:
         architecture = _field(entry, "architecture", where)
         found.append(
             Locked(
-                "deb",
+                role,
                 package,
                 version,
                 _field(entry, "filename", where),
