@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from pathlib import Path
@@ -168,3 +169,77 @@ def test_actions_run_the_locked_interpreter_not_the_hosts(tmp_path: Path) -> Non
     assert (version, zlib, openssl) == ("3.11.2", "1.2.13", "3.0.22")
     machine = platform.machine()
     assert executable.endswith(f"/sparkseal_python_linux_{machine}/root/usr/bin/python3.11"), executable
+
+
+CC_PROBE_BZL = """\
+def _uses_cc_impl(ctx):
+    cc = ctx.toolchains["//third_party/toolchains:cc_toolchain_type"].cc
+    out = ctx.actions.declare_file(ctx.label.name + ".txt")
+    compiler = [f for f in cc.files.to_list() if f.basename == "x86_64-linux-gnu-g++-12"][0]
+    ctx.actions.run_shell(
+        inputs = cc.files,
+        outputs = [out],
+        command = "cat %s > %s" % (compiler.path, out.path),
+        mnemonic = "UsesCompiler",
+    )
+    return [DefaultInfo(files = depset([out]))]
+
+uses_cc = rule(implementation = _uses_cc_impl, toolchains = ["//third_party/toolchains:cc_toolchain_type"])
+"""
+
+CC_PROBE_BUILD = (
+    PROBE_BUILD
+    + """
+load(":cc_probe.bzl", "uses_cc")
+
+uses_cc(name = "compiled")
+"""
+)
+
+
+def _fake_cc(debs: Path, version: str) -> Path:
+    """A stand-in for the locked compilers: one package whose compiler is a script naming its version."""
+    debs.mkdir(exist_ok=True)
+    compiler = Exec(f"#!/bin/sh\necho fake g++ {version}\n".encode())
+    return make_deb(debs, "fake-gxx", version, ARCH, {f"usr/bin/{TRIPLET}-g++-12": compiler})
+
+
+def _into_cache(cache: Path, deb: Path) -> None:
+    target = cache / "content_addressable" / "sha256" / hashlib.sha256(deb.read_bytes()).hexdigest() / "file"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(deb.read_bytes())
+
+
+@pytest.mark.skipif(BAZEL is None or platform.machine() != "x86_64", reason="bazel on an x86_64 host")
+def test_a_changed_compiler_package_reruns_only_the_actions_that_read_it(tmp_path: Path) -> None:
+    workspace = minimal_workspace(
+        tmp_path / "ws", CC_PROBE_BUILD, files={"probe.py": PROBE, "cc_probe.bzl": CC_PROBE_BZL}
+    )
+    lock = workspace.root / "third_party/toolchains/cc_bookworm_amd64.lock.json"
+    logs = []
+    with shut_down_after(workspace):
+        for version in ("1.0", "1.1"):
+            deb = _fake_cc(tmp_path / f"debs-{version}", version)
+            write_lock(lock, lock_for([deb], ARCH))
+            _into_cache(workspace.repository_cache, deb)
+            log = tmp_path / f"exec-{version}.json"
+            result = workspace.bazel("build", f"--execution_log_json_file={log}", "//:probed", "//:compiled")
+            assert result.returncode == 0, result.output
+            assert workspace.bin_path("compiled.txt").read_text() == f"#!/bin/sh\necho fake g++ {version}\n"
+            logs.append(sorted(json.loads(s)["mnemonic"] for s in _json_stream(log.read_text())))
+    assert logs[0] == ["Genrule", "UsesCompiler"], logs[0]
+    # The interpreter's action did not run again; the compiler's did, with the new package's bytes.
+    assert logs[1] == ["UsesCompiler"], logs[1]
+
+
+def _json_stream(text: str) -> list[str]:
+    """The objects of a Bazel JSON execution log (concatenated, not a list), each as its own text."""
+    decoder, index, found = json.JSONDecoder(), 0, []
+    while index < len(text):
+        if text[index].isspace():
+            index += 1
+            continue
+        _, end = decoder.raw_decode(text, index)
+        found.append(text[index:end])
+        index = end
+    return found
