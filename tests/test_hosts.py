@@ -44,8 +44,9 @@ cd {ws}
 bazel --output_base={output_base} build --config=bazel7 --execution_log_json_file={log} {targets}
 bazel --output_base={output_base} info --config=bazel7 bazel-bin > {bin_file}
 bazel --output_base={output_base} info --config=bazel7 execution_root > {execroot_file}
-bazel --output_base={output_base} shutdown
 """
+# No `bazel shutdown`: the server dies with the pid namespace run_in_sid made (and its client, finding
+# the namespace's pids strange, cannot kill it itself).
 
 
 def _sha256(path: Path) -> str:

@@ -168,3 +168,37 @@ def test_real_vllm_wheel_built_by_remote_workers_equals_the_local_build(
     finally:
         discard_workspace(clone)
         remove_tree(root)
+
+
+KERNELS = "//kernels_sm121:wheel_linux_aarch64"
+KERNELS_WHEEL = "kernels_sm121/wheel_linux_aarch64/sparkseal-0.1.0-py3-none-linux_aarch64.whl"
+
+
+@pytest.mark.network
+def test_kernels_wheel_built_by_a_remote_worker_equals_the_local_build(
+    executor: Executor, real_workspace: Workspace, tmp_path: Path
+) -> None:
+    """The kernels action declares its compilers (the locked g++ and sysroot), nvcc and cmake as inputs,
+    so a worker with no compiler of its own builds the GB10 wheel, byte for byte the local one."""
+    local = real_workspace.bazel("build", KERNELS)
+    assert local.returncode == 0, local.output
+    expected = _sha(real_workspace.bin_path(KERNELS_WHEEL))
+
+    root = copy_checkout(REPO, tmp_path / "elsewhere" / "sparkseal")
+    clone = Workspace(
+        root=root,
+        output_base=tmp_path / "output-base",
+        repository_cache=real_workspace.repository_cache,
+        env=base_env(),
+    )
+    before = len(executor.leases())
+    try:
+        result = clone.bazel("build", *executor.flags(), KERNELS, timeout=BUILD_TIMEOUT)
+        assert result.returncode == 0, result.output
+        assert set(spawned_processes(result.output)) == {"remote"}, result.output
+        leases = executor.leases()[before:]
+        assert any("kernels_wheel" in line for line in leases), "\n".join(leases)
+        assert _sha(clone.bin_path(KERNELS_WHEEL)) == expected
+    finally:
+        discard_workspace(clone)
+        remove_tree(root)
