@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +49,29 @@ def real_workspace() -> Iterator[Workspace]:
     workspace = _real_workspace()
     yield workspace
     workspace.shutdown()
+
+
+@pytest.fixture(scope="session")
+def kernels_library(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compiled kernel library for its CPU-side checks: ``$SPARKSEAL_KERNELS_LIB`` or an installed
+    copy where there is one, else the one inside the kernels wheel this run's Bazel build makes for this
+    machine (so ``make test`` checks the library it builds, with or without a GPU)."""
+    from sparkseal.runtime import _lib
+
+    path = _lib.library_path()
+    if path.is_file():
+        return path
+    workspace: Workspace = request.getfixturevalue("real_workspace")
+    target = f"kernels_sm121/wheel_linux_{platform.machine()}"
+    result = workspace.bazel("build", f"//{target.replace('/', ':')}")
+    assert result.returncode == 0, result.output
+    [wheel] = sorted(workspace.bin_path(target).glob("*.whl"))
+    path = tmp_path_factory.mktemp("kernels") / _lib.LIBRARY_NAME
+    with zipfile.ZipFile(wheel) as archive:
+        path.write_bytes(archive.read(f"sparkseal/_lib/{_lib.LIBRARY_NAME}"))
+    os.environ[_lib.LIBRARY_ENV] = str(path)
+    _lib.load.cache_clear()
+    return path
 
 
 def _tree(request: pytest.FixtureRequest, env_name: str, target: str) -> Path:

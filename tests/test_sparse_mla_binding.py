@@ -260,11 +260,10 @@ def test_ctypes_mirror_follows_the_header(struct: str, mirror: type) -> None:
     assert [name for name, _ in mirror._fields_] == _header_fields(struct)
 
 
-def _library_or_skip() -> object:
-    try:
-        return sparse_mla._library()
-    except OSError as exc:
-        pytest.skip(str(exc))
+@pytest.fixture
+def lib(kernels_library: Path) -> object:
+    """The compiled library (the one this run's Bazel build made, unless one is installed or named)."""
+    return sparse_mla._library()
 
 
 @pytest.mark.parametrize(
@@ -281,8 +280,9 @@ def _library_or_skip() -> object:
         ),
     ],
 )
-def test_library_rejects_bad_params_before_touching_the_gpu(field: str, value: int, message: str) -> None:
-    lib = _library_or_skip()
+def test_library_rejects_bad_params_before_touching_the_gpu(
+    lib: object, field: str, value: int, message: str
+) -> None:
     p = sparse_mla._Params(layout=0, num_tokens=2, num_heads=16, num_caches=2, softmax_scale=0.1)
     p.q_stride_token, p.q_stride_head = 16 * 512, 512
     p.out_stride_token, p.out_stride_head, p.lse_stride_token = 16 * 512, 512, 16
@@ -336,8 +336,7 @@ def test_fake_implementation_takes_every_qk_path(qk: str) -> None:
     assert (out.shape, lse.shape) == ((2, 32, 512), (2, 32))
 
 
-def test_library_rejects_fp8_qk_for_the_bf16_cache() -> None:
-    lib = _library_or_skip()
+def test_library_rejects_fp8_qk_for_the_bf16_cache(lib: object) -> None:
     p = sparse_mla._Params(layout=2, num_tokens=2, num_heads=16, num_caches=1, softmax_scale=0.1, qk_mode=2)
     p.q_stride_token, p.q_stride_head = 16 * 576, 576
     p.out_stride_token, p.out_stride_head, p.lse_stride_token = 16 * 512, 512, 16
