@@ -140,14 +140,14 @@ def test_a_failing_remote_action_reports_its_error(executor: Executor, fixtures:
     assert re.search(r"\d+ remote", result.output), result.output
 
 
-@pytest.mark.network
-def test_real_vllm_wheel_built_by_remote_workers_equals_the_local_build(
-    executor: Executor, real_workspace: Workspace, tmp_path: Path
-) -> None:
-    local = real_workspace.bazel("build", "//third_party/vllm:wheel_linux_x86_64")
+def _remote_clone_build(
+    executor: Executor, real_workspace: Workspace, tmp_path: Path, target: str, output: str
+) -> tuple[str, str, list[str], dict[str, int]]:
+    """Build ``target`` here and, from a copy of the checkout elsewhere, on the executor's workers;
+    return both sha256s of ``output``, the leases the build took and its process summary."""
+    local = real_workspace.bazel("build", target)
     assert local.returncode == 0, local.output
-    expected = _sha(real_workspace.bin_path(REAL_WHEEL))
-
+    expected = _sha(real_workspace.bin_path(output))
     root = copy_checkout(REPO, tmp_path / "elsewhere" / "sparkseal")
     clone = Workspace(
         root=root,
@@ -157,17 +157,29 @@ def test_real_vllm_wheel_built_by_remote_workers_equals_the_local_build(
     )
     before = len(executor.leases())
     try:
-        result = clone.bazel(
-            "build", *executor.flags(), "//third_party/vllm:wheel_linux_x86_64", timeout=BUILD_TIMEOUT
-        )
+        result = clone.bazel("build", *executor.flags(), target, timeout=BUILD_TIMEOUT)
         assert result.returncode == 0, result.output
-        ran = spawned_processes(result.output)
-        assert set(ran) == {"remote"} and ran["remote"] >= 4, result.output  # unpack, patch, overlay, repack
-        assert len(executor.leases()) - before == ran["remote"]
-        assert _sha(clone.bin_path(REAL_WHEEL)) == expected
+        return (
+            expected,
+            _sha(clone.bin_path(output)),
+            executor.leases()[before:],
+            spawned_processes(result.output),
+        )
     finally:
         discard_workspace(clone)
         remove_tree(root)
+
+
+@pytest.mark.network
+def test_real_vllm_wheel_built_by_remote_workers_equals_the_local_build(
+    executor: Executor, real_workspace: Workspace, tmp_path: Path
+) -> None:
+    expected, remote, leases, ran = _remote_clone_build(
+        executor, real_workspace, tmp_path, "//third_party/vllm:wheel_linux_x86_64", REAL_WHEEL
+    )
+    assert set(ran) == {"remote"} and ran["remote"] >= 4, ran  # unpack, patch, overlay, repack
+    assert len(leases) == ran["remote"]
+    assert remote == expected
 
 
 KERNELS = "//kernels_sm121:wheel_linux_aarch64"
@@ -180,25 +192,9 @@ def test_kernels_wheel_built_by_a_remote_worker_equals_the_local_build(
 ) -> None:
     """The kernels action declares its compilers (the locked g++ and sysroot), nvcc and cmake as inputs,
     so a worker with no compiler of its own builds the GB10 wheel, byte for byte the local one."""
-    local = real_workspace.bazel("build", KERNELS)
-    assert local.returncode == 0, local.output
-    expected = _sha(real_workspace.bin_path(KERNELS_WHEEL))
-
-    root = copy_checkout(REPO, tmp_path / "elsewhere" / "sparkseal")
-    clone = Workspace(
-        root=root,
-        output_base=tmp_path / "output-base",
-        repository_cache=real_workspace.repository_cache,
-        env=base_env(),
+    expected, remote, leases, ran = _remote_clone_build(
+        executor, real_workspace, tmp_path, KERNELS, KERNELS_WHEEL
     )
-    before = len(executor.leases())
-    try:
-        result = clone.bazel("build", *executor.flags(), KERNELS, timeout=BUILD_TIMEOUT)
-        assert result.returncode == 0, result.output
-        assert set(spawned_processes(result.output)) == {"remote"}, result.output
-        leases = executor.leases()[before:]
-        assert any("kernels_wheel" in line for line in leases), "\n".join(leases)
-        assert _sha(clone.bin_path(KERNELS_WHEEL)) == expected
-    finally:
-        discard_workspace(clone)
-        remove_tree(root)
+    assert set(ran) == {"remote"}, ran
+    assert any("kernels_wheel" in line for line in leases), "\n".join(leases)
+    assert remote == expected
