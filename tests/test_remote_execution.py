@@ -157,7 +157,7 @@ def _remote_clone_build(
     )
     before = len(executor.leases())
     try:
-        result = clone.bazel("build", *executor.flags(), target, timeout=BUILD_TIMEOUT)
+        result = clone.bazel("build", *executor.flags(), "--verbose_failures", target, timeout=BUILD_TIMEOUT)
         assert result.returncode == 0, result.output
         return (
             expected,
