@@ -26,7 +26,6 @@ load(":debian.bzl", "APT_ENVIRON", "fetch_debs")
 load(":platforms.bzl", "DEBIAN_ARCHITECTURES", "PLATFORMS", "TRIPLETS", "host_platform")
 load(":pypi_download.bzl", "run_python_helper")
 
-
 SparksealCcInfo = provider(
     doc = "The locked C/C++ toolchain of one execution platform, as the kernels action uses it.",
     fields = {
@@ -78,12 +77,13 @@ filegroup(
 
 filegroup(name = "packages", srcs = ["packages.json"])
 
+# Our programs are py_tools, whose /bin/sh launchers start this interpreter directly; a plain py_binary's
+# stub would still start on the host's python3 (Bazel's default stub_shebang) before handing over to it.
 py_runtime(
     name = "runtime",
-    files = [":files"],
+    files = [":files", "packages.json"],
     interpreter = "python3",
     python_version = "PY3",
-    stub_shebang = "#!/bin/sh",
 )
 
 py_runtime_pair(
