@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import struct
@@ -23,7 +24,6 @@ import pytest
 
 from sparkseal.actions import kernels_wheel
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH, ZIP_DATE_TIME
-from sparkseal.core.platforms import MACHINES
 from tests.bazel_util import REPO, Workspace
 
 PLATFORMS = ("linux_aarch64", "linux_x86_64")
@@ -76,7 +76,8 @@ def test_build_environment_is_fixed_and_names_the_platform(tmp_path: Path, monke
     monkeypatch.setenv("CUDAARCHS", "75")
     monkeypatch.setenv("CMAKE_ARGS", "-DCMAKE_CUDA_FLAGS=-G")
     env = kernels_wheel.build_environment("linux_aarch64", [Path("/tk/bin"), Path("/cm/bin")], tmp_path)
-    assert env["PATH"] == "/tk/bin:/cm/bin:/usr/bin:/bin"
+    # Only /bin (the shell ninja runs commands with) is the host's; no compiler is found on PATH.
+    assert env["PATH"] == "/tk/bin:/cm/bin:/bin"
     assert env["SOURCE_DATE_EPOCH"] == str(SOURCE_DATE_EPOCH)
     assert env["_PYTHON_HOST_PLATFORM"] == "linux_aarch64"
     assert env["HOME"] == str(tmp_path)
@@ -92,8 +93,13 @@ def test_config_settings_pass_toolchain_compiler_and_archs(tmp_path: Path) -> No
         ["90a-real", "121a-real"],
         Path("/tk"),
         "linux_x86_64",
+        kernels_wheel.Compilers(Path("/w/x86_64-linux-gnu-g++"), Path("/w/x86_64-linux-gnu-strip"), None),
     )
     assert settings["cmake.define.CMAKE_CUDA_ARCHITECTURES"] == "90a-real;121a-real"
+    assert settings["cmake.define.CMAKE_CXX_COMPILER"] == "/w/x86_64-linux-gnu-g++"
+    assert settings["cmake.define.CMAKE_CUDA_HOST_COMPILER"] == "/w/x86_64-linux-gnu-g++"
+    assert settings["cmake.define.CMAKE_STRIP"] == "/w/x86_64-linux-gnu-strip"
+    assert "cmake.define.CMAKE_FIND_ROOT_PATH" not in settings
     assert settings["cmake.define.CMAKE_CUDA_COMPILER"] == "/tk/bin/nvcc"
     assert settings["cmake.define.CMAKE_TOOLCHAIN_FILE"] == str(
         tmp_path / "src" / "kernels_sm121" / "cmake" / "linux_x86_64.cmake"
@@ -116,8 +122,9 @@ def test_the_toolchain_file_depends_on_the_build_host(
     assert rel == f"kernels_sm121/cmake/{expected}"
     text = (REPO / rel).read_text()
     assert ("CMAKE_SYSTEM_NAME" in text) is cross, f"{rel}: cross settings only where host and target differ"
-    machine = MACHINES[platform]
-    assert f"set(CMAKE_CUDA_HOST_COMPILER /usr/bin/{machine}-linux-gnu-g++)" in text, rel
+    # The compilers are the locked toolchain's, passed by the action: no file names one of the host's.
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "/usr/bin" not in code and "COMPILER" not in code, rel
 
 
 def test_an_aarch64_host_refuses_the_x86_64_wheel() -> None:
@@ -161,12 +168,85 @@ def test_main_refuses_a_missing_build_tool(tmp_path: Path, capsys) -> None:
             f"--cuda-root={tmp_path}",
             f"--cmake={tmp_path / 'cmake'}",
             f"--ninja={tmp_path / 'ninja'}",
+            f"--cc-toolchain={tmp_path / 'toolchain.json'}",
             f"--out={tmp_path / 'x.whl'}",
         ]
     )
     assert status == 1
     err = capsys.readouterr().err
     assert f"sparkseal: {tmp_path / 'bin' / 'nvcc'}: expected an executable build tool, found none" in err
+
+
+def _fake_toolchain(tmp_path: Path, host: str = "linux_x86_64") -> Path:
+    """A cc toolchain repository as locked_toolchain lays it out, with a stand-in compiler."""
+    repo = tmp_path / "sparkseal_cc"
+    (repo / "root/usr/bin").mkdir(parents=True)
+    (repo / "lib").mkdir()
+    for name in ("x86_64-linux-gnu-g++-12", "aarch64-linux-gnu-g++-12"):
+        (repo / "root/usr/bin" / name).write_text("#!/bin/sh\n")
+        (repo / "root/usr/bin" / name).chmod(0o755)
+    targets = {
+        "linux_x86_64": {
+            "cxx": "root/usr/bin/x86_64-linux-gnu-g++-12",
+            "tools_prefix": "root/usr/bin/x86_64-linux-gnu-",
+            "binutils_prefix": "root/usr/bin/",
+            "find_root": "",
+        },
+        "linux_aarch64": {
+            "cxx": "root/usr/bin/aarch64-linux-gnu-g++-12",
+            "tools_prefix": "root/usr/bin/aarch64-linux-gnu-",
+            "binutils_prefix": "root/usr/bin/aarch64-linux-gnu-",
+            "find_root": "root/usr/aarch64-linux-gnu",
+        },
+    }
+    description = repo / "toolchain.json"
+    description.write_text(
+        json.dumps({"host": host, "sysroot": "root", "library_path": "lib", "targets": targets})
+    )
+    return description
+
+
+def test_compiler_wrappers_run_the_locked_compiler_on_its_sysroot(tmp_path: Path) -> None:
+    description = _fake_toolchain(tmp_path)
+    repo = description.parent.resolve()
+    compilers = kernels_wheel.compiler_wrappers(
+        description, "linux_aarch64", "linux_x86_64", tmp_path / "bin"
+    )
+    assert compilers.cxx == tmp_path / "bin" / "aarch64-linux-gnu-g++"
+    assert compilers.strip == tmp_path / "bin" / "aarch64-linux-gnu-strip"
+    assert compilers.find_root == repo / "root/usr/aarch64-linux-gnu"
+    text = compilers.cxx.read_text()
+    assert text == (
+        "#!/bin/sh\n"
+        f"LD_LIBRARY_PATH={repo / 'lib'} exec {repo / 'root/usr/bin/aarch64-linux-gnu-g++-12'} "
+        f"--sysroot={repo / 'root'} -B{repo / 'root/usr/bin/aarch64-linux-gnu-'} "
+        f'-ffile-prefix-map={repo / "root"}/=/ "$@"\n'
+    )
+    assert os.access(compilers.cxx, os.X_OK)
+    # Every binutil CMake looks for beside the compiler is the locked one, never the host's.
+    for tool in kernels_wheel.BINUTILS:
+        wrapper = (tmp_path / "bin" / f"aarch64-linux-gnu-{tool}").read_text()
+        assert f"exec {repo / 'root/usr/bin'}/aarch64-linux-gnu-{tool} " in wrapper, tool
+
+
+def test_compiler_wrappers_refuse_another_hosts_toolchain_and_a_missing_target(tmp_path: Path) -> None:
+    description = _fake_toolchain(tmp_path, host="linux_aarch64")
+    with pytest.raises(kernels_wheel.KernelsWheelError) as err:
+        kernels_wheel.compiler_wrappers(description, "linux_x86_64", "linux_x86_64", tmp_path / "bin")
+    assert str(err.value) == (
+        f"{description}: expected the compilers of a linux_x86_64 build host (the CUDA toolkit's), "
+        "got those of linux_aarch64"
+    )
+    data = json.loads(description.read_text())
+    data["host"] = "linux_x86_64"
+    del data["targets"]["linux_aarch64"]
+    description.write_text(json.dumps(data))
+    with pytest.raises(kernels_wheel.KernelsWheelError) as err:
+        kernels_wheel.compiler_wrappers(description, "linux_aarch64", "linux_x86_64", tmp_path / "bin")
+    assert str(err.value) == (
+        f"{description}: a linux_x86_64 toolchain compiles only linux_x86_64 wheels, "
+        "expected one of them, got linux_aarch64"
+    )
 
 
 # --- built wheels: utilities -----------------------------------------------------------------------

@@ -5,6 +5,4 @@
 # compiler of an x86_64 host, passed by the kernels action as wrappers (see linux_x86_64.cmake). Device
 # code: the hermetic aarch64 nvcc, given the same `-target-dir` as the cross build so that both hosts pass
 # nvcc the same flags.
-set(CMAKE_SYSTEM_NAME Linux)
-set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_CUDA_FLAGS_INIT "-target-dir sbsa-linux")

@@ -4,5 +4,3 @@
 # command line: CMAKE_CXX_COMPILER and CMAKE_CUDA_HOST_COMPILER are wrappers around the locked g++-12 of
 # //third_party/toolchains (with --sysroot on the locked C library), CMAKE_STRIP and the binutils CMake
 # finds beside the compiler wrap the locked binutils. Nothing here, or in the host's /usr, is used.
-set(CMAKE_SYSTEM_NAME Linux)
-set(CMAKE_SYSTEM_PROCESSOR x86_64)
