@@ -72,6 +72,7 @@ step fixture_bin bazel --output_base={fixture_base} info --config=bzlmod bazel-b
 cd {real}
 step real_build bazel --output_base={real_base} build {target}
 step real_bin bazel --output_base={real_base} info bazel-bin
+step real_query bazel --output_base={real_base} query --incompatible_disallow_empty_glob --output=build //...
 step mod_graph bazel --output_base={real_base} mod graph --include_builtin
 step mod_deps bazel --output_base={real_base} mod deps
 """
@@ -195,6 +196,15 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
         )
         real_wheel = Path(steps.ok("real_bin").strip().splitlines()[-1]) / REAL_WHEEL
         assert _sha256(real_wheel) == host_real_sha, "vLLM wheel: bzlmod/7.7.1 differs from WORKSPACE/4.2.3"
+        # Every BUILD file loads; the hubs' labels name the extension's repositories (canonical labels, as
+        # the main repository imports only the hubs), the installer that rules name themselves is imported.
+        query = steps.ok("real_query")
+        for label in (
+            '"@@_main~sparkseal~python_deps_linux_aarch64_torch//file:file"',
+            '"@@_main~sparkseal~vllm_sdist//file:file"',
+            'installer = "@python_tools_any_installer//file:file"',
+        ):
+            assert label in query, f"query --output=build //...: expected {label}"
         # The lockfile Bazel writes is the committed one: resolution records nothing host-specific.
         assert (real / "MODULE.bazel.lock").read_bytes() == (REPO / "MODULE.bazel.lock").read_bytes()
 

@@ -157,7 +157,9 @@ def python_pins(ctx, hub, locks, files):
     return struct(platforms = platforms, repos = repos, pins = pins, locks = [str(locks[p]) for p in platforms])
 
 def _python_lock_impl(rctx):
-    hub = rctx.name
+    # The name the hub was declared with: its wheels' repositories are named after it. Under bzlmod
+    # `rctx.name` is the canonical name (`_main~sparkseal~python_deps`); Bazel 4.2.3 has no original_name.
+    hub = getattr(rctx, "original_name", rctx.name)
     found = python_pins(rctx, hub, rctx.attr.locks, rctx.attr.files)
     platforms, repos, pins = found.platforms, found.repos, found.pins
 
