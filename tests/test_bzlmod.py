@@ -20,8 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.bazel_util import REPO, Workspace, base_env, copy_checkout, fixture_module, make_fixture_workspace
-from tests.bazel_util import remove_tree as remove
+from tests.bazel_util import (
+    FIXTURE_MODULE_TAGS,
+    REPO,
+    Workspace,
+    base_env,
+    copy_checkout,
+    fixture_module,
+    make_fixture_workspace,
+    remove_tree,
+)
 from tests.fixtures_vllm import make_patch, make_sdist, make_wheel
 from tests.sid_root import SID_ROOT, available, run_in_sid
 
@@ -69,6 +77,8 @@ cd {fixture}
 step fixture_build bazel --output_base={fixture_base} build --config=bzlmod --symlink_prefix=/ \\
     --repository_cache={fixture_cache} {target}
 step fixture_bin bazel --output_base={fixture_base} info --config=bzlmod bazel-bin
+cp MODULE.twice MODULE.bazel
+step fixture_twice bazel --output_base={fixture_base} query --config=bzlmod //third_party/vllm:all
 cd {real}
 step real_build bazel --output_base={real_base} build {target}
 step real_bin bazel --output_base={real_base} info bazel-bin
@@ -85,6 +95,9 @@ def _sha256(path: Path) -> str:
 def _fixture(root: Path, cache: Path) -> None:
     """A fixture workspace at ``root`` for both entry points, its locked files already in ``cache``."""
     make_fixture_workspace(root, module=fixture_module())
+    # The same with one repository declared twice, for the extension's error.
+    twice = 'sparkseal.vllm_lock(name = "vllm_lock", lock = "//third_party/vllm:vllm.lock.json")\n'
+    (root / "MODULE.twice").write_text(fixture_module(tags=FIXTURE_MODULE_TAGS + twice))
     artifacts = root.parent / "artifacts"
     artifacts.mkdir()
     make_sdist(artifacts / f"vllm-{VERSION}.tar.gz", VERSION, COMMIT[:9], SOURCES)
@@ -122,11 +135,15 @@ class Steps:
     def output(self, step: str) -> str:
         return (self.out / f"{step}.out").read_text()
 
-    def ok(self, step: str) -> str:
-        """The step's output, after checking that it ran and succeeded."""
+    def code(self, step: str) -> str:
+        """The step's exit status."""
         status = self.out / f"{step}.rc"
         assert status.is_file(), f"sid step {step}: expected it to run, found no {status}"
-        code = status.read_text().split()[0]
+        return status.read_text().split()[0]
+
+    def ok(self, step: str) -> str:
+        """The step's output, after checking that it ran and succeeded."""
+        code = self.code(step)
         output = self.output(step)
         assert code == "0", f"sid step {step}: expected exit 0, got {code}:\n{output[-6000:]}"
         return output
@@ -145,7 +162,7 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
     # Under the user's cache (bound into the root as a whole), so that the repository cache's hard links
     # stay on one mount; removed afterwards.
     scratch = CACHE / "bzlmod-test"
-    remove(scratch)
+    remove_tree(scratch)
     scratch.mkdir(parents=True)
     try:
         fixture, fixture_cache = scratch / "fixture" / "ws", scratch / "fixture-cache"
@@ -189,6 +206,14 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
             "fixture wheel: bzlmod/7.7.1 differs from WORKSPACE/4.2.3"
         )
 
+        # A repository declared twice is refused, naming it.
+        twice = steps.output("fixture_twice")
+        assert steps.code("fixture_twice") != "0", twice
+        assert (
+            """sparkseal: the repository "vllm_lock" is declared twice in MODULE.bazel's sparkseal tags"""
+            in twice
+        )
+
         # The repository itself, with no --config at all: what a new user of Bazel 7.7.1 runs.
         built = steps.ok("real_build")
         assert "use_repo" not in built, (
@@ -227,4 +252,4 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
             + f"; vLLM wheel sha256 {host_real_sha} in both modes"
         )
     finally:
-        remove(scratch)
+        remove_tree(scratch)
