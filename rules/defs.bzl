@@ -16,7 +16,8 @@ load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
 load("//rules/private:secret_scanner.bzl", _secret_scanner = "secret_scanner")
-load("//rules/private:toolchains.bzl", _SparksealCcInfo = "SparksealCcInfo", _locked_toolchain = "locked_toolchain", _sparkseal_cc_toolchain = "sparkseal_cc_toolchain", _sparkseal_toolchain_locks = "sparkseal_toolchain_locks", _sparkseal_toolchains = "sparkseal_toolchains")
+load("//rules/private:repositories.bzl", _sparkseal_repositories = "sparkseal_repositories", _sparkseal_toolchains = "sparkseal_toolchains")
+load("//rules/private:toolchains.bzl", _SparksealCcInfo = "SparksealCcInfo", _locked_toolchain = "locked_toolchain", _sparkseal_cc_toolchain = "sparkseal_cc_toolchain", _sparkseal_toolchain_locks = "sparkseal_toolchain_locks")
 load("//rules/private:vllm_lock.bzl", _vllm_lock = "vllm_lock")
 load("//rules/private:vllm_tree.bzl", _vllm_patched_tree = "vllm_patched_tree", _vllm_source_tree = "vllm_source_tree")
 load("//rules/private:vllm_wheel.bzl", _vllm_wheel = "vllm_wheel")
@@ -51,6 +52,7 @@ secret_scanner = _secret_scanner
 sparkseal_cc_toolchain = _sparkseal_cc_toolchain
 sparkseal_image = _sparkseal_image
 sparkseal_pex = _sparkseal_pex
+sparkseal_repositories = _sparkseal_repositories
 sparkseal_toolchain_locks = _sparkseal_toolchain_locks
 sparkseal_toolchains = _sparkseal_toolchains
 vllm_lock = _vllm_lock

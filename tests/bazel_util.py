@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +64,7 @@ workspace(name = "sparkseal")
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
 local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
+local_repository(name = "rules_python", path = "third_party/bazel/rules_python")
 
 load("//rules:defs.bzl", "sparkseal_toolchains")
 
@@ -98,6 +101,50 @@ vllm_repositories()
 patch_series(name = "vllm_patches", series = "//patches/vllm:series")
 """
 )
+
+
+# FIXTURE_WORKSPACE under bzlmod: the sparkseal extension's tags for the same repositories (MODULE.bazel
+# of the repository otherwise, so its offline overrides are written once).
+FIXTURE_MODULE_TAGS = f"""\
+sparkseal.toolchains()
+sparkseal.secret_scanner(
+    name = "secret_scanner",
+    local_binary = {json.dumps(_venv_scanner())},
+    lock = "//third_party/scan:scanner.lock.json",
+)
+sparkseal.host_wheel(
+    name = "zstandard",
+    lock = "//third_party/zstd:zstandard.lock.json",
+    module = "zstandard",
+)
+sparkseal.vllm_lock(name = "vllm_lock", lock = "//third_party/vllm:vllm.lock.json")
+sparkseal.patch_series(name = "vllm_patches", series = "//patches/vllm:series")
+"""
+FIXTURE_MODULE_REPOS = (
+    "secret_scanner",
+    "sparkseal_cc_linux_aarch64",
+    "sparkseal_cc_linux_x86_64",
+    "sparkseal_python_linux_aarch64",
+    "sparkseal_python_linux_x86_64",
+    "vllm_lock",
+    "vllm_patches",
+    "zstandard",
+)
+_PROJECT_TAGS = "sparkseal.repositories()\n"
+_USE_REPO = re.compile(r"^use_repo\(\n    sparkseal,\n.*?^\)\n", re.MULTILINE | re.DOTALL)
+
+
+def fixture_module(tags: str = FIXTURE_MODULE_TAGS, repos: Sequence[str] = FIXTURE_MODULE_REPOS) -> str:
+    """The repository's MODULE.bazel with the sparkseal extension's ``tags`` and ``use_repo`` of ``repos``
+    in place of the project's own: everything else (the offline overrides, toolchains) stays as it is."""
+    text = (REPO / "MODULE.bazel").read_text()
+    if text.count(_PROJECT_TAGS) != 1 or len(_USE_REPO.findall(text)) != 1:
+        raise AssertionError(
+            f"{REPO / 'MODULE.bazel'}: expected one {_PROJECT_TAGS.strip()} and one use_repo(sparkseal, ...)"
+        )
+    imports = "".join(f"    {json.dumps(name)},\n" for name in repos)
+    text = text.replace(_PROJECT_TAGS, tags)
+    return _USE_REPO.sub(lambda _: f"use_repo(\n    sparkseal,\n{imports})\n", text)
 
 
 @dataclass
@@ -168,8 +215,9 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def make_fixture_workspace(root: Path, workspace: str = FIXTURE_WORKSPACE) -> None:
-    """Copy the rules and action programs into ``root`` and write a fixture WORKSPACE and .bazelrc."""
+def make_fixture_workspace(root: Path, workspace: str = FIXTURE_WORKSPACE, module: str | None = None) -> None:
+    """Copy the rules and action programs into ``root`` and write a fixture WORKSPACE and .bazelrc; with
+    ``module`` (``fixture_module()``), also that MODULE.bazel and the repository's WORKSPACE.bzlmod."""
     for rel in FIXTURE_COPIES:
         source = REPO / rel
         target = root / rel
@@ -179,6 +227,9 @@ def make_fixture_workspace(root: Path, workspace: str = FIXTURE_WORKSPACE) -> No
         else:
             shutil.copyfile(source, target)
     (root / "WORKSPACE").write_text(workspace)
+    if module is not None:
+        (root / "MODULE.bazel").write_text(module)
+        shutil.copyfile(REPO / "WORKSPACE.bzlmod", root / "WORKSPACE.bzlmod")
     rc = (REPO / ".bazelrc").read_text()
     (root / ".bazelrc").write_text(
         "\n".join(line for line in rc.splitlines() if "repository_cache" not in line)

@@ -39,6 +39,7 @@ workspace(name = "sparkseal")
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
 local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
+local_repository(name = "rules_python", path = "third_party/bazel/rules_python")
 
 load("//rules:defs.bzl", "sparkseal_toolchains")
 

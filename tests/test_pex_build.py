@@ -284,6 +284,7 @@ def test_bazel_rule_builds_the_same_pex_as_the_program(tmp_path: Path, pex_wheel
         'local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")\n'
         'local_repository(name = "rules_java", path = "third_party/bazel/rules_java")\n'
         'local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")\n'
+        'local_repository(name = "rules_python", path = "third_party/bazel/rules_python")\n'
         'load("//rules:defs.bzl", "sparkseal_toolchains")\n'
         "sparkseal_toolchains()\n"
     )

@@ -32,6 +32,7 @@ workspace(name = "sparkseal")
 local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
 local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
 local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
+local_repository(name = "rules_python", path = "third_party/bazel/rules_python")
 
 load("//rules:defs.bzl", "sparkseal_toolchains")
 
@@ -250,8 +251,9 @@ def test_hub_reads_the_checked_in_locks(fixture: Fixture) -> None:
         sidecar = json.loads((REPO / f"third_party/python/requirements_{platform}.files.json").read_text())
         labels = summary["pins"][platform]
         assert sorted(labels) == sorted(sidecar["wheels"])
-        assert labels["torch"] == f"@real_deps_{platform}_torch//file"
-        assert labels["nvidia-cublas"] == f"@real_deps_{platform}_nvidia_cublas//file"
+        # Resolved in the hub (so that they work under bzlmod too): the full form of the label.
+        assert labels["torch"] == f"@real_deps_{platform}_torch//file:file"
+        assert labels["nvidia-cublas"] == f"@real_deps_{platform}_nvidia_cublas//file:file"
         assert summary["wheels"][platform] == [labels[p] for p in sorted(labels)]
         layers = summary["layers"][platform]
         assert sorted(layers["torch"] + layers["deps"]) == sorted(summary["wheels"][platform])

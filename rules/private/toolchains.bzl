@@ -16,7 +16,8 @@ WORKSPACE use::
     load("//rules:defs.bzl", "sparkseal_toolchains")
     sparkseal_toolchains()
 
-It declares `@sparkseal_{python,cc}_{linux_x86_64,linux_aarch64}` and registers the toolchains of
+It (rules/private/repositories.bzl; `sparkseal.toolchains()` under bzlmod) declares
+`@sparkseal_{python,cc}_{linux_x86_64,linux_aarch64}` and registers the toolchains of
 `//third_party/toolchains`: Bazel's Python toolchain (for the platform a program runs on) and ours for
 the compilers (for the platform the kernels action executes on). Only the repositories those pick are
 fetched.
@@ -214,24 +215,3 @@ sparkseal_toolchain_locks = rule(
         "compiler": attr.label(mandatory = True, allow_single_file = [".json"]),
     },
 )
-
-def sparkseal_toolchains():
-    """Declares the locked toolchains' repositories and registers their toolchains (WORKSPACE).
-
-    A repository is fetched only when toolchain resolution picks it: the one of the platform the
-    actions execute on.
-    """
-    for platform in PLATFORMS:
-        arch = DEBIAN_ARCHITECTURES[platform]
-        for kind in ["python", "cc"]:
-            locked_toolchain(
-                name = "sparkseal_%s_%s" % (kind, platform),
-                kind = kind,
-                platform = platform,
-                lock = "@sparkseal//third_party/toolchains:%s_bookworm_%s.lock.json" % (kind, arch),
-            )
-    native.register_toolchains(*[
-        "@sparkseal//third_party/toolchains:%s_%s" % (kind, p)
-        for kind in ["python", "cc", "locks"]
-        for p in PLATFORMS
-    ])
