@@ -46,9 +46,11 @@ authorization:
   method: none
 monitoring:
   enabled: false
-# Bazel opens up to 100 concurrent transfers: queue them instead of refusing them.
+# Bazel opens up to 100 concurrent transfers: queue them instead of refusing them. An action with
+# thousands of inputs (the kernels wheel's compilers, sysroot and CMake modules) has Bazel start more
+# uploads at once than 1000: refused ones end as "N errors during bulk transfer".
 thread-pool-size: 32
-maximum-concurrent-rpcs: 1000
+maximum-concurrent-rpcs: 100000
 storages:
   - !disk-storage &cas
     path: "{cas}"

@@ -54,7 +54,9 @@ def parse_archs(text: str) -> list[str]:
 
 
 def stage_sources(inputs: Sequence[str], root: Path) -> None:
-    """Copy each input (a path relative to the current directory) to the same relative path under ``root``."""
+    """Copy each input (a path relative to the current directory) to the same relative path under ``root``,
+    mode 0644: Bazel marks every input executable on a remote worker, so an input's execute bit depends on
+    where the action runs, and no source of the wheel is a program."""
     for rel in sorted(set(inputs)):
         source = Path(rel)
         if source.is_absolute() or ".." in source.parts:
@@ -66,7 +68,7 @@ def stage_sources(inputs: Sequence[str], root: Path) -> None:
         target = root / source
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
-        target.chmod(EXEC_MODE if os.access(source, os.X_OK) else FILE_MODE)
+        target.chmod(FILE_MODE)
 
 
 @dataclass(frozen=True)
