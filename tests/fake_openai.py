@@ -107,7 +107,9 @@ class FakeServer:
 
             def do_GET(self) -> None:
                 b = server.behaviour
-                if self.path == "/v1/models":
+                if self.path == "/health":
+                    self._send(200, b"")
+                elif self.path == "/v1/models":
                     if b.models_status != 200:
                         self._send(b.models_status, b'{"error": "down"}')
                         return

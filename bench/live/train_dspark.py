@@ -73,14 +73,14 @@ class Plan:
     """Sizes and step counts; the defaults are the recorded run (a few minutes on one H200)."""
 
     corpus_bytes: int = 24 << 20
-    target_steps: int = 2000
+    target_steps: int = 3000
     target_batch: int = 32
     target_window: int = 512
     target_lr: float = 2e-3
     draft_prompts: int = 4096
     draft_prompt_tokens: int = 128
     draft_new_tokens: int = 256
-    draft_steps: int = 3000
+    draft_steps: int = 6000
     draft_batch: int = 64
     draft_anchors: int = 24
     draft_lr: float = 2e-3
