@@ -54,6 +54,9 @@ def test_vllm_drafts_what_the_training_forward_drafts(model_dir: Path, monkeypat
     # The engine core in this process, so that the speculator can be observed.
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    # No vLLM plugins: the checkout's sparkseal package is on sys.path ahead of the installed wheel, and
+    # the sparkseal plugin rightly refuses module files that no installed RECORD vouches for.
+    monkeypatch.setenv("VLLM_PLUGINS", "")
     from vllm import LLM, SamplingParams
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
