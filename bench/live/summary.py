@@ -10,6 +10,7 @@ our wheel against the unpatched one, request by request, since an average can hi
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,9 @@ def per_request(found: dict[str, dict[str, Any]]) -> list[str]:
     return [
         f"per-request acceptance at one client: {same} of {len(ours)} requests drafted and accepted exactly "
         f"the same counts on both wheels",
-        f"ours: lowest {mine[0]:.3f}, median {mine[len(mine) // 2]:.3f}, highest {mine[-1]:.3f} accepted per "
-        f"draft step; upstream: lowest {theirs[0]:.3f}, median {theirs[len(theirs) // 2]:.3f}, highest "
-        f"{theirs[-1]:.3f}",
+        f"ours: lowest {mine[0]:.3f}, median {statistics.median(mine):.3f}, highest {mine[-1]:.3f} "
+        f"accepted per draft step; upstream: lowest {theirs[0]:.3f}, median {statistics.median(theirs):.3f}, "
+        f"highest {theirs[-1]:.3f}",
     ]
 
 
