@@ -496,6 +496,10 @@ def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         api_key=api_key,
         nccl_logs=args.nccl_logs,
         require_module_check=args.require_module_check,
+        prompts=args.prompts,
+        min_acceptance=args.min_acceptance,
+        min_accepted_length=args.min_accepted_length,
+        min_request_accepted_length=args.min_request_accepted_length,
     )
     progress = (
         (lambda line: print(line, file=sys.stderr, flush=True)) if not args.json else (lambda _line: None)
@@ -607,6 +611,39 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     )
     reference.add_argument(
         "--against", type=Path, help="compare the soak's completions with a recorded reference"
+    )
+    live.add_argument(
+        "--prompts",
+        type=Path,
+        metavar="FILE",
+        help='soak prompts as token ids (JSON: {"format": "sparkseal-prompts/1", "prompts": [[id, ...], '
+        "...]}, as bench/live/train_dspark.py writes held-out text), the first --soak of them, instead of "
+        "random ids; --record keeps them in the reference",
+    )
+    floors = live.add_argument_group(
+        "acceptance floors",
+        "a speculating server whose drafts are mostly rejected decodes slower than one without speculation; "
+        "each floor below makes that a finding (and implies --speculation required)",
+    )
+    floors.add_argument(
+        "--min-acceptance",
+        type=float,
+        metavar="RATE",
+        help="accepted over drafted tokens during the check, 0 to 1",
+    )
+    floors.add_argument(
+        "--min-accepted-length",
+        type=float,
+        metavar="TOKENS",
+        help="accepted draft tokens per draft step during the check, the bonus token not counted (of "
+        "num_speculative_tokens; vLLM's 'mean acceptance length' is this plus one)",
+    )
+    floors.add_argument(
+        "--min-request-accepted-length",
+        type=float,
+        metavar="TOKENS",
+        help="the same for every soak request alone, read from /metrics before and after each request (needs "
+        "--concurrency 1): an average can hide a few requests whose drafts go wrong",
     )
     live.add_argument("--log", type=Path, help="the server's log, scanned for failures")
     live.add_argument(

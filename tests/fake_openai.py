@@ -5,7 +5,10 @@ The model is a deterministic function of the prompt: completion token ``i`` is
 change exactly one answer. Its log-probabilities rank, at every position, the model's token first (-0.5)
 and ``ranked(token, r)`` r-th after it (``runner_up_gap`` below the best for the runner-up, ``rank_step``
 more for each further rank); as vLLM does, a chosen token outside the asked-for top k is added to them.
-Counters follow vLLM's Prometheus names.
+Counters follow vLLM's Prometheus names. Each request counts one draft step per three tokens, five
+drafted tokens per step and ``accepted_per_draft`` of them accepted (``weak_accepted_per_draft`` for the
+``weak_request``-th distinct prompt); its decoding takes ``decode_s_per_token`` per token after the first,
+in vLLM's per-request histograms.
 """
 
 from __future__ import annotations
@@ -45,10 +48,15 @@ class Behaviour:
     runner_up_gap: float = 0.05  # log-probability gap between the best and the runner-up token
     rank_step: float = 1.0  # and between each further rank and the one before it
     cache_rank: int | None = None  # a repeated prompt takes the token of this rank at position 3
+    accepted_per_draft: int = 2  # of 5 drafted tokens per draft step
+    weak_request: int | None = None  # the n-th distinct prompt accepts weak_accepted_per_draft instead
+    weak_accepted_per_draft: int = 0
+    decode_s_per_token: float = 0.002
     models_status: int = 200
     empty_completions: bool = False
     seen_prompts: list[tuple[int, ...]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, float] = field(default_factory=dict)  # sample name (…_sum, …_count) -> value
 
 
 def answer(prompt: list[int], max_tokens: int) -> list[int]:
@@ -99,7 +107,9 @@ class FakeServer:
 
             def do_GET(self) -> None:
                 b = server.behaviour
-                if self.path == "/v1/models":
+                if self.path == "/health":
+                    self._send(200, b"")
+                elif self.path == "/v1/models":
                     if b.models_status != 200:
                         self._send(b.models_status, b'{"error": "down"}')
                         return
@@ -144,6 +154,10 @@ class FakeServer:
             lines.append(f"# TYPE {name} counter")
             lines.append(f'{name}_total{{engine="0",model_name="{MODEL}"}} {value}')
             lines.append(f'{name}_created{{engine="0",model_name="{MODEL}"}} 1.7e9')
+        with self._lock:
+            histograms = dict(b.histograms)
+        for name, value in sorted(histograms.items()):
+            lines.append(f'{name}{{engine="0",model_name="{MODEL}"}} {value}')
         return "\n".join(lines) + "\n"
 
     def _count(self, name: str, value: float) -> None:
@@ -183,9 +197,20 @@ class FakeServer:
             if repeated:
                 self._count("vllm:prefix_cache_hits", len(prompt) - 1)
             if b.speculation and b.drafting:
-                self._count("vllm:spec_decode_num_drafts", max(1, max_tokens // 3))
-                self._count("vllm:spec_decode_num_draft_tokens", 5 * max(1, max_tokens // 3))
-                self._count("vllm:spec_decode_num_accepted_tokens", 2 * max(1, max_tokens // 3))
+                steps = max(1, max_tokens // 3)
+                weak = b.weak_request is not None and distinct_index == b.weak_request
+                per_step = b.weak_accepted_per_draft if weak else b.accepted_per_draft
+                self._count("vllm:spec_decode_num_drafts", steps)
+                self._count("vllm:spec_decode_num_draft_tokens", 5 * steps)
+                self._count("vllm:spec_decode_num_accepted_tokens", per_step * steps)
+            if tokens:
+                for name, value in (
+                    ("vllm:request_generation_tokens_sum", len(tokens)),
+                    ("vllm:request_generation_tokens_count", 1),
+                    ("vllm:request_decode_time_seconds_sum", (len(tokens) - 1) * b.decode_s_per_token),
+                    ("vllm:request_decode_time_seconds_count", 1),
+                ):
+                    b.histograms[name] = b.histograms.get(name, 0.0) + value
         usage: dict[str, Any] = {
             "prompt_tokens": len(prompt),
             "completion_tokens": len(tokens),

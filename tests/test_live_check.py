@@ -535,3 +535,180 @@ def test_nccl_needs_a_log_per_rank(tmp_path: Path):
         check(server, nccl_logs=folder)
     with FakeServer() as server, pytest.raises(UsageError, match="expected a folder of per-rank NCCL logs"):
         check(server, log=server_log, nccl_logs=tmp_path / "none")
+
+
+# ---------------------------------------------------------------- acceptance floors and held-out prompts
+# The fake drafts 5 tokens per draft step and accepts 2 of them: rate 0.4, 2 per step, one step per 3 tokens.
+
+
+def test_acceptance_floors_that_hold_pass_and_are_named():
+    with FakeServer() as server:
+        report = check(server, min_acceptance=0.3, min_accepted_length=1.5, min_request_accepted_length=1.5)
+    assert report.ok, report.findings
+    speculation = report.step("speculation")
+    assert speculation.figures["acceptance_rate"] == 0.4
+    assert speculation.figures["accepted_per_draft"] == 2.0
+    assert speculation.figures["mean_acceptance_length"] == 3.0
+    assert speculation.figures["floor_acceptance"] == 0.3
+    assert speculation.figures["floor_accepted_per_draft"] == 1.5
+    assert speculation.figures["floor_request_accepted_per_draft"] == 1.5
+    assert speculation.figures["requests_measured"] == 12
+    assert speculation.figures["request_accepted_per_draft_min"] == 2.0
+    assert speculation.figures["requests_below_floor"] == 0
+    assert speculation.details["per_request"] == [[2, 4]] * 12  # (draft steps, accepted tokens)
+    text = live_check.render(report, False)
+    assert "accepted_per_draft 2.0" in text and "floor_accepted_per_draft 1.5" in text
+    assert "[2, 4]" not in text  # the per-request list goes to the JSON report only
+
+
+def test_acceptance_below_its_floor_is_a_finding_naming_rate_and_floor():
+    with FakeServer() as server:
+        report = check(server, min_acceptance=0.5)
+    assert kinds(report) == {("speculation", "low-acceptance")}
+    assert report.findings[0].message == (
+        "speculation: acceptance rate 0.4000 (60 of 150 drafted tokens accepted) is below the floor "
+        "--min-acceptance 0.5"
+    )
+
+
+def test_accepted_length_below_its_floor_is_a_finding_without_the_bonus_token():
+    with FakeServer(Behaviour(accepted_per_draft=1)) as server:
+        report = check(server, min_accepted_length=2.5)
+    assert kinds(report) == {("speculation", "short-acceptance")}
+    assert report.step("speculation").figures["mean_acceptance_length"] == 2.0  # vLLM's, bonus counted
+    assert report.findings[0].message == (
+        "speculation: 1.000 draft tokens accepted per draft step (over 30 steps, the bonus token not "
+        "counted) is below the floor --min-accepted-length 2.5"
+    )
+
+
+def test_one_weak_request_fails_the_request_floor_where_the_average_passes():
+    with FakeServer(Behaviour(weak_request=5, weak_accepted_per_draft=0)) as server:
+        report = check(server, min_accepted_length=1.5, min_request_accepted_length=1.0)
+    speculation = report.step("speculation")
+    assert speculation.figures["accepted_per_draft"] >= 1.5  # 11 requests at 2, one at 0, plus the extras
+    assert kinds(report) == {("speculation", "low-request-acceptance")}
+    assert report.findings[0].message == (
+        "speculation: 1 of 12 requests accepted fewer than 1 draft tokens per draft step (lowest: request "
+        "#5, 0.000: 0 accepted over 2 draft steps)"
+    )
+    assert speculation.figures["lowest_request"] == 5 and speculation.figures["requests_below_floor"] == 1
+    assert speculation.details["per_request"][5] == [2, 0]
+
+
+def test_floors_require_speculation_metrics_even_in_auto_mode():
+    with FakeServer(Behaviour(speculation=False)) as server:
+        report = check(server, min_accepted_length=1.0)
+    assert kinds(report) == {("speculation", "not-configured")}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"min_request_accepted_length": 1.0, "concurrency": 4},
+            "--min-request-accepted-length reads /metrics around each request, so it needs --concurrency 1 "
+            "(got 4)",
+        ),
+        ({"min_acceptance": 1.5}, "--min-acceptance 1.5: expected a rate from 0 to 1"),
+        (
+            {"min_accepted_length": -1.0},
+            "--min-accepted-length -1: expected tokens per draft step, at least 0",
+        ),
+        (
+            {"min_acceptance": 0.2, "speculation": "off"},
+            "acceptance floors need the speculation check: not with --speculation off",
+        ),
+    ],
+)
+def test_floor_arguments_that_cannot_hold_are_usage_errors(overrides: dict, message: str):
+    with FakeServer() as server, pytest.raises(UsageError) as error:
+        check(server, **overrides)
+    assert str(error.value) == message
+
+
+def test_soak_reports_the_servers_decode_speed():
+    with FakeServer(Behaviour(decode_s_per_token=0.004)) as server:
+        report = check(server)
+    # 7 tokens after the first per request, 0.004 s each: 250 tokens/s, whatever the client's pauses.
+    assert report.step("soak").figures["decode_tokens_per_s"] == 250.0
+
+
+def _prompts_file(path: Path, prompts: object, fmt: str = "sparkseal-prompts/1") -> Path:
+    path.write_text(json.dumps({"format": fmt, "prompts": prompts}))
+    return path
+
+
+def test_prompts_file_drives_the_soak_and_the_reference(tmp_path: Path):
+    held_out = [[11, 12, 13, 14], [21, 22, 23], [31, 32, 33, 34, 35]]
+    prompts = _prompts_file(tmp_path / "prompts.json", held_out)
+    reference = tmp_path / "reference.json"
+    with FakeServer(Behaviour(speculation=False)) as server:
+        recorded = check(server, prompts=prompts, record=reference, soak=2)
+        assert recorded.ok, recorded.findings
+        assert server.behaviour.seen_prompts[:2] == [tuple(p) for p in held_out[:2]]
+    document = json.loads(reference.read_text())
+    assert document["prompts"] == held_out[:2]
+    assert document["completions"] == [answer(p, 8) for p in held_out[:2]]
+    with FakeServer() as server:
+        replayed = check(server, against=reference)
+    assert replayed.ok and replayed.step("lossless").figures["equal"] == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"format": "other/1", "prompts": [[1]]}, "expected format 'sparkseal-prompts/1', found 'other/1'"),
+        ({"format": "sparkseal-prompts/1", "prompts": [[1, "2"]]}, "expected a non-empty list of non-empty"),
+        ([[]], "expected a non-empty list of non-empty lists of token ids"),
+    ],
+)
+def test_malformed_prompts_files_are_usage_errors(tmp_path: Path, content: object, message: str):
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(content))
+    with FakeServer() as server, pytest.raises(UsageError) as error:
+        check(server, prompts=path)
+    assert str(error.value).startswith(f"--prompts {path}: ") and message in str(error.value)
+
+
+def test_prompts_and_a_reference_exclude_each_other(tmp_path: Path):
+    prompts = _prompts_file(tmp_path / "prompts.json", [[1, 2]])
+    with FakeServer() as server, pytest.raises(UsageError) as error:
+        check(server, prompts=prompts, against=tmp_path / "reference.json")
+    assert (
+        str(error.value)
+        == "--prompts and --against exclude each other: the reference carries its own prompts"
+    )
+
+
+def test_cli_floors_in_text_and_json():
+    with FakeServer(Behaviour(weak_request=1, weak_accepted_per_draft=0)) as server:
+        failed = _cli(
+            server.url,
+            "--soak",
+            "3",
+            "--max-tokens",
+            "6",
+            "--long-prompt-tokens",
+            "32",
+            "--min-accepted-length",
+            "1.0",
+            "--min-request-accepted-length",
+            "1.0",
+            "--json",
+        )
+    assert failed.returncode == 1, failed.stderr
+    document = json.loads(failed.stdout)
+    assert [(f["check"], f["kind"]) for f in document["findings"]] == [
+        ("speculation", "low-request-acceptance")
+    ]
+    speculation = next(s for s in document["steps"] if s["name"] == "speculation")
+    assert speculation["details"]["per_request"] == [[2, 4], [2, 0], [2, 4]]
+    assert speculation["figures"]["floor_request_accepted_per_draft"] == 1.0
+    assert "details" not in next(s for s in document["steps"] if s["name"] == "soak")
+    with FakeServer() as server:
+        passed = _cli(server.url, "--soak", "2", "--long-prompt-tokens", "32", "--min-acceptance", "0.4")
+    assert passed.returncode == 0, passed.stdout
+    assert "floor_acceptance 0.4" in passed.stdout and passed.stdout.endswith("result: pass\n")
+    usage = _cli("http://127.0.0.1:1", "--min-request-accepted-length", "1", "--concurrency", "2")
+    assert usage.returncode == 2 and "needs --concurrency 1 (got 2)" in usage.stderr

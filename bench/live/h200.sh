@@ -3,12 +3,19 @@
 # root there). Phases, each one command:
 #   bench/live/h200.sh receive .stage/NAME-NN ...   keep arriving parts (sha256-checked)
 #   bench/live/h200.sh install                      reassemble, check, install deps / our vLLM / upstream vLLM
-#   bench/live/h200.sh run OUT [--weights] [PHASE ...]
+#   bench/live/h200.sh train [DIR]                  train the tiny target and its DSpark draft (train_dspark.py)
+#   bench/live/h200.sh run OUT [--weights | --trained] [PHASE ...]
 #       serve the test model and run live-check (phases: plain ours upstream, default all; plain records the
 #       reference the others compare with; tp2, on two GPUs: ours with --tensor-parallel-size 2, the
 #       module check and the NCCL sequences of both ranks), results in OUT/live-results.tar.gz. --weights serves seeded
 #       safetensors weights instead of vLLM's dummy weights (see bench/live/test_model.py), and uses vLLM's
 #       own sampler instead of FlashInfer's, whose kernels a fresh machine would first JIT-compile for ~2 min.
+#       --trained serves the trained pair (DSPARK_MODEL, default /tmp/sparkseal-dspark; trained first if absent)
+#       on held-out prompts at 32 sequences: plain records the reference and decodes at 1, 8 and 32 clients;
+#       ours and upstream run the same with DSpark and the acceptance floors (FLOOR_ACCEPTANCE,
+#       FLOOR_ACCEPTED), then once more at one client with the per-request floor (FLOOR_REQUEST), whose
+#       /metrics reads between requests would slow the wall-clock figure; agree runs the GPU test that holds
+#       vLLM's drafts to the training forward's (tests/test_dspark_draft_gpu.py).
 set -euo pipefail
 
 root=/tmp/sparkseal-stage
@@ -21,8 +28,14 @@ receive)
     stage receive "$@"
     ;;
 install)
-    stage unpack deps --dest "$root/wheels"
-    stage unpack vllm --dest "$root/vllm"
+    # Parts arrive as one pack (all) or two (deps, vllm); our vLLM, sparkseal and the delta go to vllm/.
+    rm -rf "$root/in" "$root/wheels" "$root/vllm"
+    for name in deps vllm all; do
+        if [ -f "$root/$name/manifest.json" ]; then stage unpack "$name" --dest "$root/in"; fi
+    done
+    mkdir -p "$root/wheels" "$root/vllm"
+    mv "$root"/in/vllm-*.whl "$root"/in/sparkseal-*.whl "$root"/in/*.delta "$root/vllm/"
+    mv "$root"/in/*.whl "$root/wheels/"
     ours=$(ls "$root"/vllm/vllm-*.whl)
     mkdir -p "$root/upstream"
     stage delta apply --base "$ours" --delta "$root"/vllm/vllm-*-upstream.delta \
@@ -39,13 +52,25 @@ install)
     fi
     echo "install: deps $(find "$root/wheels" -name "*.whl" | wc -l) wheels; ours and upstream vLLM installed"
     ;;
+train)
+    "$python" bench/live/train_dspark.py --out "${2:-/tmp/sparkseal-dspark}"
+    ;;
 run)
     out=$2
     shift 2
     model=/tmp/sparkseal-model
     results=/tmp/sparkseal-live
     format=dummy
-    if [ "${1:-}" = --weights ]; then
+    trained=
+    if [ "${1:-}" = --trained ]; then
+        shift
+        trained=1
+        model=${DSPARK_MODEL:-/tmp/sparkseal-dspark}
+        results=/tmp/sparkseal-live-trained
+        format=safetensors
+        export VLLM_USE_FLASHINFER_SAMPLER=0
+        [ -f "$model/manifest.json" ] || "$python" bench/live/train_dspark.py --out "$model"
+    elif [ "${1:-}" = --weights ]; then
         shift
         model=/tmp/sparkseal-model-weights
         results=/tmp/sparkseal-live-weights
@@ -56,13 +81,47 @@ run)
         "$python" bench/live/test_model.py --out "$model"
     fi
     phases=${*:-plain ours upstream}
+    if [ -n "$trained" ]; then phases=${*:-agree plain ours upstream}; fi
     mkdir -p "$results" "$out"
     serve() {
         "$python" bench/live/serve.py --model-dir "$model" --load-format "$format" --out "$results" "$@" || true
     }
     ref=$results/reference.json
     long=(--long-prompt-tokens 2048 --vocab 100:1000)
+    held=(--prompts "$model/prompts.json" --soak "${SOAK:-64}" --max-tokens "${MAX_TOKENS:-128}")
+    floors=(--min-acceptance "${FLOOR_ACCEPTANCE:-0.5}" --min-accepted-length "${FLOOR_ACCEPTED:-2.5}")
     for phase in $phases; do
+        if [ -n "$trained" ]; then
+            case $phase in
+            agree)
+                SPARKSEAL_DSPARK_MODEL=$model PYTHONPATH="$root/ours:$root/deps:$PWD" \
+                    "$python" -m pytest -m gpu tests/test_dspark_draft_gpu.py -q -s -p no:cacheprovider \
+                    >"$results/agree.log" 2>&1 || true
+                tail -5 "$results/agree.log"
+                ;;
+            plain)
+                serve --name plain-seqs32 --site "$root/ours" --site "$root/deps" --max-num-seqs 32 \
+                    --check "plain-record:--record $ref ${held[*]} ${long[*]}" \
+                    --check "plain-c1:--against $ref ${long[*]}" \
+                    --check "plain-c8:--concurrency 8 --against $ref ${long[*]}" \
+                    --check "plain-c32:--concurrency 32 --against $ref ${long[*]}"
+                ;;
+            ours | upstream)
+                site=$root/ours
+                [ "$phase" = upstream ] && site=$root/upstream-site
+                serve --name "$phase-dspark-seqs32" --site "$site" --site "$root/deps" --dspark --max-num-seqs 32 \
+                    --check "$phase-c1:--speculation required --against $ref ${long[*]} ${floors[*]}" \
+                    --check "$phase-requests:--speculation required --against $ref ${long[*]} ${floors[*]} --min-request-accepted-length ${FLOOR_REQUEST:-1.0}" \
+                    --check "$phase-c8:--speculation required --concurrency 8 --against $ref ${long[*]} ${floors[*]}" \
+                    --check "$phase-c32:--speculation required --concurrency 32 --against $ref ${long[*]} ${floors[*]}"
+                ;;
+            *)
+                echo "run --trained: unknown phase $phase" >&2
+                exit 2
+                ;;
+            esac
+            continue
+        fi
         case $phase in
         plain)
             serve --name plain-seqs8 --site "$root/ours" --site "$root/deps" --max-num-seqs 8 \
@@ -89,6 +148,7 @@ run)
         esac
     done
     tar -C "$results" -czf "$out/live-results.tar.gz" .
+    if [ -n "$trained" ]; then "$python" bench/live/summary.py "$results"; fi
     for summary in "$results"/*.summary.json; do "$python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["name"], d.get("startup_s"), d.get("error", ""), {k: v["exit"] for k, v in d["checks"].items()})' "$summary"; done
     for report in "$results"/*.json; do
         case $report in *summary.json | *reference.json) continue ;; esac

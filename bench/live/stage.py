@@ -65,6 +65,7 @@ NOT_STAGED = {
     "z3-solver": "TileLang dependency",
     "pynvvideocodec": "video decoding for multimodal inputs",
     "torchcodec": "video decoding for multimodal inputs",
+    "opencv-python-headless": "image and video decoding for multimodal inputs, imported in functions only",
     "numba": "n-gram proposer only; not imported when serving (the machine has its own numba)",
     "llvmlite": "numba's compiler",
 }

@@ -26,6 +26,16 @@ among the recorded top tokens at all, is a finding. The same rule judges the lon
 prefix cache against the cold prompt, which asks for log-probabilities for that reason: vLLM does not
 promise that a cached prefill rounds like a cold one.
 
+Speculative decoding that drafts but whose drafts are rejected is slower than none, so drafting alone is
+not enough: ``--min-acceptance`` (accepted over drafted tokens), ``--min-accepted-length`` (accepted draft
+tokens per draft step, the bonus token not counted; vLLM's "mean acceptance length" is one more) and,
+serially, ``--min-request-accepted-length`` (the same for every single request, read from ``/metrics``
+around each request, since an average over many requests can hide a few whose drafts go wrong) make a
+draft that does not draft well a finding. ``--prompts FILE`` serves held-out prompts (token ids) instead
+of random ones, so the figures say something about the model's own text; ``--record`` keeps them in the
+reference. The soak also reports the server's own decode speed per request (tokens after the first over
+the time from first to last token, from vLLM's histograms), which no client-side pause disturbs.
+
 With tensor parallelism, two more steps prove that the ranks agree. The module check: the sparkseal vLLM
 plugin logs, in every worker, that the module files of every rank are identical (or stops them all); the
 server log must show that line once per rank, with one digest. The NCCL check (``--nccl-logs DIR``, the
@@ -68,6 +78,10 @@ METRIC_PREFIX_QUERIES = "vllm:prefix_cache_queries"
 METRIC_PREFIX_HITS = "vllm:prefix_cache_hits"
 METRIC_TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 METRIC_TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+METRIC_GENERATION_SUM = "vllm:request_generation_tokens_sum"
+METRIC_DECODE_SUM = "vllm:request_decode_time_seconds_sum"
+METRIC_DECODE_COUNT = "vllm:request_decode_time_seconds_count"
+PROMPTS_FORMAT = "sparkseal-prompts/1"
 
 # What a healthy server never logs. Each pattern names the failure it stands for.
 LOG_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -115,6 +129,7 @@ class Step:
     ok: bool
     figures: dict[str, Any] = field(default_factory=dict)
     skipped: str = ""
+    details: dict[str, Any] = field(default_factory=dict)  # long lists: in the JSON report only
 
 
 @dataclass
@@ -163,6 +178,17 @@ class Options:
     api_key: str | None = None
     nccl_logs: Path | None = None
     require_module_check: bool = False
+    prompts: Path | None = None
+    min_acceptance: float | None = None
+    min_accepted_length: float | None = None
+    min_request_accepted_length: float | None = None
+
+    @property
+    def floors(self) -> bool:
+        return any(
+            floor is not None
+            for floor in (self.min_acceptance, self.min_accepted_length, self.min_request_accepted_length)
+        )
 
 
 def redact_url(url: str) -> str:
@@ -376,6 +402,65 @@ def _soak(
     return [r for r in results if r is not None], time.monotonic() - start
 
 
+def _serial_soak_with_metrics(
+    client: Client, model: str, prompts: list[list[int]], max_tokens: int, timeout: float, logprobs: int
+) -> tuple[list[Completion | RequestFailed], float, list[tuple[int, int] | None]]:
+    """The soak with one client, reading the speculative-decoding counters around every request: each
+    request's (drafts, accepted tokens), None where a request failed or /metrics did not answer."""
+    results: list[Completion | RequestFailed] = []
+    per_request: list[tuple[int, int] | None] = []
+    start = time.monotonic()
+    for prompt in prompts:
+        before = _metrics(client, timeout)
+        try:
+            results.append(complete(client, model, prompt, max_tokens, timeout, logprobs))
+        except RequestFailed as error:
+            results.append(error)
+            per_request.append(None)
+            continue
+        except Unreachable as error:
+            results.append(RequestFailed("connection", str(error)))
+            per_request.append(None)
+            continue
+        after = _metrics(client, timeout)
+        if before is None or after is None:
+            per_request.append(None)
+            continue
+        drafts = after.get(METRIC_DRAFTS, 0.0) - before.get(METRIC_DRAFTS, 0.0)
+        accepted = after.get(METRIC_ACCEPTED_TOKENS, 0.0) - before.get(METRIC_ACCEPTED_TOKENS, 0.0)
+        per_request.append((int(drafts), int(accepted)))
+    return results, time.monotonic() - start, per_request
+
+
+def _load_prompts(path: Path) -> list[list[int]]:
+    """Token-id prompts from ``{"format": "sparkseal-prompts/1", "prompts": [[id, ...], ...]}`` (or a bare
+    list of lists), as bench/live/train_dspark.py writes them."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--prompts {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"--prompts {path}: not JSON ({error})") from None
+    if isinstance(document, dict):
+        if document.get("format") != PROMPTS_FORMAT:
+            raise UsageError(
+                f"--prompts {path}: expected format {PROMPTS_FORMAT!r}, found {document.get('format')!r}"
+            )
+        document = document.get("prompts")
+    if (
+        not isinstance(document, list)
+        or not document
+        or not all(
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+            for prompt in document
+        )
+    ):
+        raise UsageError(f"--prompts {path}: expected a non-empty list of non-empty lists of token ids")
+    return document
+
+
 def _load_reference(path: Path) -> dict[str, Any]:
     try:
         reference = json.loads(path.read_text())
@@ -513,7 +598,25 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         raise UsageError(f"--nccl-logs {options.nccl_logs}: expected a folder of per-rank NCCL logs")
     if (options.require_module_check or options.nccl_logs is not None) and options.log is None:
         raise UsageError("the module check reads the server log: give --log FILE")
+    if options.prompts is not None and options.against is not None:
+        raise UsageError("--prompts and --against exclude each other: the reference carries its own prompts")
+    if options.floors and options.speculation == "off":
+        raise UsageError("acceptance floors need the speculation check: not with --speculation off")
+    if options.min_acceptance is not None and not 0.0 <= options.min_acceptance <= 1.0:
+        raise UsageError(f"--min-acceptance {options.min_acceptance:g}: expected a rate from 0 to 1")
+    for flag, floor in (
+        ("--min-accepted-length", options.min_accepted_length),
+        ("--min-request-accepted-length", options.min_request_accepted_length),
+    ):
+        if floor is not None and floor < 0:
+            raise UsageError(f"{flag} {floor:g}: expected tokens per draft step, at least 0")
+    if options.min_request_accepted_length is not None and options.concurrency != 1:
+        raise UsageError(
+            "--min-request-accepted-length reads /metrics around each request, so it needs --concurrency 1 "
+            f"(got {options.concurrency})"
+        )
     reference = _load_reference(options.against) if options.against is not None else None
+    given_prompts = _load_prompts(options.prompts) if options.prompts is not None else None
     client = Client(options.url, options.api_key)
     report = Report(url=client.shown)
 
@@ -550,6 +653,8 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     max_tokens = int(reference["max_tokens"]) if reference else options.max_tokens
     if reference:
         prompts = [[int(token) for token in prompt] for prompt in reference["prompts"]]
+    elif given_prompts is not None:
+        prompts = given_prompts[: options.soak]
     else:
         prompts = make_prompts(
             options.soak, options.prompt_tokens, options.vocab_low, options.vocab_high, options.seed
@@ -574,9 +679,15 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     soak_before = _metrics(client, options.timeout)
     # Only a recording asks for log-probabilities: a checked server runs exactly the requests it serves.
     logprobs = options.top_logprobs if options.record is not None else 0
-    results, wall = _soak(
-        client, report.model, prompts, max_tokens, options.timeout, options.concurrency, logprobs
-    )
+    per_request: list[tuple[int, int] | None] | None = None
+    if options.min_request_accepted_length is not None:
+        results, wall, per_request = _serial_soak_with_metrics(
+            client, report.model, prompts, max_tokens, options.timeout, logprobs
+        )
+    else:
+        results, wall = _soak(
+            client, report.model, prompts, max_tokens, options.timeout, options.concurrency, logprobs
+        )
     soak_after = _metrics(client, options.timeout)
     done = [r for r in results if isinstance(r, Completion)]
     failed = [(i, r) for i, r in enumerate(results) if isinstance(r, RequestFailed)]
@@ -599,6 +710,11 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     ttft = _mean_delta(soak_before, soak_after, METRIC_TTFT_SUM, METRIC_TTFT_COUNT)
     if ttft is not None:
         soak.figures["ttft_mean_s"] = round(ttft, 4)
+    decode = _decode_rate(soak_before, soak_after)
+    if decode is not None:
+        soak.figures["decode_tokens_per_s"] = decode
+    if per_request is not None:
+        soak.figures["per_request_metrics"] = True  # /metrics read between requests: wall time includes it
     short = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
     if short:
         report.flag(soak, "empty", f"soak: {len(short)} request(s) returned no tokens (first: #{short[0]})")
@@ -658,7 +774,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
 
     # 4. Speculative decoding: drafted and accepted tokens over the whole check.
     metrics_after = _metrics(client, options.timeout)
-    _speculation_step(report, options, metrics_before, metrics_after)
+    _speculation_step(report, options, metrics_before, metrics_after, per_request)
 
     # 5. Lossless: the soak's completions against (or recorded as) the non-speculative reference.
     _lossless_step(report, options, prompts, results, max_tokens, reference)
@@ -692,6 +808,22 @@ def _mean_delta(
     return (after[total] - before.get(total, 0.0)) / n if n > 0 else None
 
 
+def _decode_rate(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
+    """Tokens per second of one request's decoding, from vLLM's per-request histograms over an interval:
+    each request's tokens after the first over its first-to-last-token time, summed over requests."""
+    if (
+        before is None
+        or after is None
+        or METRIC_DECODE_SUM not in after
+        or METRIC_GENERATION_SUM not in after
+    ):
+        return None
+    seconds = after[METRIC_DECODE_SUM] - before.get(METRIC_DECODE_SUM, 0.0)
+    requests = after.get(METRIC_DECODE_COUNT, 0.0) - before.get(METRIC_DECODE_COUNT, 0.0)
+    tokens = after[METRIC_GENERATION_SUM] - before.get(METRIC_GENERATION_SUM, 0.0) - requests
+    return round(tokens / seconds, 1) if seconds > 0 and tokens > 0 else None
+
+
 def _skip_rest(report: Report, why: str, first: bool) -> None:
     names = ("first-request",) * first + ("soak", "prefix-cache", "speculation", "lossless")
     for name in names:
@@ -699,7 +831,11 @@ def _skip_rest(report: Report, why: str, first: bool) -> None:
 
 
 def _speculation_step(
-    report: Report, options: Options, before: dict[str, float] | None, after: dict[str, float] | None
+    report: Report,
+    options: Options,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    per_request: list[tuple[int, int] | None] | None = None,
 ) -> None:
     step = Step("speculation", ok=True)
     report.steps.append(step)
@@ -714,7 +850,7 @@ def _speculation_step(
         )
         return
     if METRIC_DRAFT_TOKENS not in after:
-        if options.speculation == "required":
+        if options.speculation == "required" or options.floors:
             report.flag(
                 step,
                 "not-configured",
@@ -733,6 +869,7 @@ def _speculation_step(
         "draft_tokens": int(drafted),
         "accepted_tokens": int(accepted),
         "acceptance_rate": round(accepted / drafted, 4) if drafted > 0 else None,
+        "accepted_per_draft": round(accepted / drafts, 3) if drafts > 0 else None,
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts > 0 else None,
     }
     if drafted <= 0:
@@ -740,6 +877,68 @@ def _speculation_step(
             step,
             "nothing-drafted",
             "speculation: configured, but no token was drafted during the check",
+        )
+        return
+    rate, length = accepted / drafted, accepted / drafts
+    if options.min_acceptance is not None:
+        step.figures["floor_acceptance"] = options.min_acceptance
+        if rate < options.min_acceptance:
+            report.flag(
+                step,
+                "low-acceptance",
+                f"speculation: acceptance rate {rate:.4f} ({int(accepted)} of {int(drafted)} drafted tokens "
+                f"accepted) is below the floor --min-acceptance {options.min_acceptance:g}",
+            )
+    if options.min_accepted_length is not None:
+        step.figures["floor_accepted_per_draft"] = options.min_accepted_length
+        if length < options.min_accepted_length:
+            report.flag(
+                step,
+                "short-acceptance",
+                f"speculation: {length:.3f} draft tokens accepted per draft step (over {int(drafts)} steps, "
+                f"the bonus token not counted) is below the floor --min-accepted-length "
+                f"{options.min_accepted_length:g}",
+            )
+    if options.min_request_accepted_length is not None and per_request is not None:
+        _request_floor(report, step, options.min_request_accepted_length, per_request)
+
+
+def _request_floor(
+    report: Report, step: Step, floor: float, per_request: list[tuple[int, int] | None]
+) -> None:
+    """Every request's accepted draft tokens per draft step against ``floor`` (serial soak only)."""
+    lengths = {}  # request -> accepted per draft step; a request with no draft step has none
+    for index, entry in enumerate(per_request):
+        if entry is not None and entry[0] > 0:
+            lengths[index] = entry[1] / entry[0]
+    step.details["per_request"] = [list(entry) if entry is not None else None for entry in per_request]
+    step.figures["floor_request_accepted_per_draft"] = floor
+    step.figures["requests_measured"] = len(lengths)
+    if not lengths:
+        report.flag(
+            step,
+            "no-request-figures",
+            f"speculation: no request's drafts could be counted from /metrics ({len(per_request)} requests)",
+        )
+        return
+    ordered = sorted(lengths.values())
+    lowest = min(lengths, key=lambda i: (lengths[i], i))
+    below = [i for i, value in lengths.items() if value < floor]
+    step.figures |= {
+        "request_accepted_per_draft_min": round(ordered[0], 3),
+        "request_accepted_per_draft_median": round(statistics.median(ordered), 3),
+        "request_accepted_per_draft_max": round(ordered[-1], 3),
+        "lowest_request": lowest,
+        "requests_below_floor": len(below),
+    }
+    if below:
+        drafts, accepted = per_request[lowest] or (0, 0)
+        report.flag(
+            step,
+            "low-request-acceptance",
+            f"speculation: {len(below)} of {len(lengths)} requests accepted fewer than {floor:g} draft "
+            f"tokens per draft step (lowest: request #{lowest}, {lengths[lowest]:.3f}: {accepted} accepted "
+            f"over {drafts} draft steps)",
         )
 
 
@@ -947,7 +1146,9 @@ def render(report: Report, as_json: bool) -> str:
                 "url": report.url,
                 "model": report.model,
                 "ok": report.ok,
-                "steps": [asdict(step) for step in report.steps],
+                "steps": [
+                    {k: v for k, v in asdict(step).items() if k != "details" or v} for step in report.steps
+                ],
                 "findings": [asdict(finding) for finding in report.findings],
             },
             indent=2,
