@@ -60,9 +60,9 @@ sys.path.insert(0, str(REPO))  # the servers and bots of the test harness
 from sparkseal.core.oci import blob_path, read_image  # noqa: E402
 from tests.bazel_remote import clone_repo, fixture_source  # noqa: E402
 from tests.bazel_util import Workspace, base_env, process_summary, remove_tree  # noqa: E402
-from tests.buildgrid_server import bots, buildgrid, postgres  # noqa: E402
-from tests.nginx_cache import NginxCache  # noqa: E402
-from tests.registry_server import Registry  # noqa: E402
+from tests.servers.buildgrid_server import bots, buildgrid, postgres  # noqa: E402
+from tests.servers.nginx_cache import NginxCache  # noqa: E402
+from tests.servers.registry_server import Registry  # noqa: E402
 
 SHARED_CACHE = Path.home() / ".cache" / "sparkseal" / "repository"
 PATCH_EDIT = ("Reason:", "Reason: (edited by the benchmark)")

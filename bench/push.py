@@ -33,7 +33,7 @@ from sparkseal.core.oci import (
     REF_NAME,
     canonical_json,
 )
-from tests.registry_server import Registry
+from tests.servers.registry_server import Registry
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20

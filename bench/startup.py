@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.bytecode_probe import PROBE
 
-# As tests/test_image_e2e.py runs the image: runc and explicit ulimits, what rootful podman needs on a CI
-# machine.
+# As tests/image/test_image_e2e.py runs the image: runc and explicit ulimits, what rootful podman needs on
+# a CI machine.
 PODMAN_RUN = [
     *("podman", "--runtime", "runc", "run", "--rm", "--network=none"),
     *("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"),

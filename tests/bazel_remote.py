@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.bazel.test_bazel_fixture import WHEELS, Fixture, _artifacts, _workspace
 from tests.bazel_util import BASE_WORKSPACE, MINIMAL_WORKSPACE, REPO, Workspace, base_env, copy_checkout
-from tests.fixture_index import FixtureIndex
-from tests.test_bazel_fixture import WHEELS, Fixture, _artifacts, _workspace
+from tests.servers.fixture_index import FixtureIndex
 
 FIXTURE_TARGETS = tuple(f"//third_party/vllm:wheel_{platform}" for platform in WHEELS)
 

@@ -28,7 +28,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 
-from tests.fixture_index import bazel_cut_due, send_cut_short, start_loopback, stop_loopback
+from tests.servers.fixture_index import bazel_cut_due, send_cut_short, start_loopback, stop_loopback
 
 
 @dataclass(frozen=True)

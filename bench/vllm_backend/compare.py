@@ -10,7 +10,7 @@ vLLM has just written) and the same indexer rows, and the script records, per la
 - the relative error of our output against FlashMLA's (all rows, and the worst row), for decode rows
   (query length 1) and prefill rows separately.
 
-The thresholds are those of the kernel's own GPU tests (``tests/test_sparse_mla_gpu.py``): relative
+The thresholds are those of the kernel's own GPU tests (``tests/gpu/test_sparse_mla_gpu.py``): relative
 error < 1e-2 overall, < 3e-2 for the worst row. Results go to ``--out`` as JSON; the exit status is 1
 when any call breaks them.
 

@@ -3,7 +3,7 @@
 A repository rule runs a helper with only these files on its path, each read through its label: Bazel then
 re-runs the rule when one of them changes (editing sparkseal/fetch/series.py or the series reader in
 sparkseal/core/patchset.py re-runs @vllm_patches), and a helper that imports an undeclared module fails
-instead of reading the checkout. tests/test_hygiene.py keeps each list equal to the helper's imports.
+instead of reading the checkout. tests/unit/test_hygiene.py keeps each list equal to the helper's imports.
 """
 
 HELPER_SOURCES = {

@@ -1,0 +1,1 @@
+"""Tests that run Bazel: fixture workspaces and the real one (docs/layout.md)."""

@@ -1,0 +1,1 @@
+"""Tests that need an NVIDIA GPU (pytest -m gpu; docs/layout.md)."""

@@ -1,0 +1,1 @@
+"""OCI images with the container tools: assembly, load, push, run, the whole image (docs/layout.md)."""

@@ -1,0 +1,486 @@
+"""Repository hygiene: lint, shell checks, Starlark that loads, no stray links or host names."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import itertools
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+
+RUFF = Path(sys.executable).parent / "ruff"
+SKIP_DIRS = {".git", ".ruff_cache", ".pytest_cache", "__pycache__", ".gpu_trees"}
+
+
+def _tracked_files() -> list[Path]:
+    """The files of the checkout, without Bazel's convenience links and ignored caches."""
+    found: list[Path] = []
+    for path in sorted(REPO.rglob("*")):
+        rel = path.relative_to(REPO)
+        if rel.parts[0].startswith("bazel-") or SKIP_DIRS & set(rel.parts):
+            continue
+        if path.is_file() or path.is_symlink():
+            found.append(path)
+    return found
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+
+
+def test_ruff_check_and_format() -> None:
+    assert RUFF.exists(), f"ruff not found at {RUFF}: run make setup"
+    check = _run([str(RUFF), "check", "."])
+    assert check.returncode == 0, check.stdout + check.stderr
+    fmt = _run([str(RUFF), "format", "--check", "."])
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def _shell_scripts() -> list[Path]:
+    scripts = []
+    for path in _tracked_files():
+        if path.is_symlink():
+            continue
+        if path.suffix == ".sh" or path.read_bytes()[:32].startswith((b"#!/bin/sh", b"#!/usr/bin/env bash")):
+            scripts.append(path)
+    return scripts
+
+
+def test_shell_scripts_parse_and_pass_shellcheck() -> None:
+    scripts = _shell_scripts()
+    assert REPO / ".ci" / "run" in scripts
+    for script in scripts:
+        parsed = _run(["bash", "-n", str(script)])
+        assert parsed.returncode == 0, f"{script}: {parsed.stderr}"
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed: run make setup"
+    result = _run([shellcheck, *map(str, scripts)])
+    assert result.returncode == 0, result.stdout
+
+
+def test_no_symlinks_in_sources() -> None:
+    links = [str(p.relative_to(REPO)) for p in _tracked_files() if p.is_symlink()]
+    assert links == [], f"symlinks are not allowed in the repository: {links}"
+
+
+def test_no_registry_host_names_in_files() -> None:
+    # The index is whatever pip is configured with; no file may name a registry host.
+    pattern = re.compile(rb"pypi\.org|files\.pythonhosted|deb\.debian\.org|download\.pytorch\.org")
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in _tracked_files()
+        if not p.is_symlink() and pattern.search(p.read_bytes())
+    ]
+    assert offenders == []
+
+
+def _first_symbol(bzl: Path) -> str | None:
+    match = re.search(r"^(?:def\s+([A-Za-z]\w*)|([A-Za-z]\w*)\s*=)", bzl.read_text(), re.MULTILINE)
+    return next((g for g in match.groups() if g), None) if match else None
+
+
+# .bzl files that only MODULE.bazel loads (they define module extensions, which Bazel 4.2.3 lacks).
+BZLMOD_ONLY = {"rules/extensions.bzl"}
+
+
+def test_bzlmod_only_files_are_the_module_extensions_of_module_bazel() -> None:
+    module = (REPO / "MODULE.bazel").read_text()
+    used = set(re.findall(r'use_extension\(\s*"//([^":]*):([^"]+)"', module))
+    assert {f"{package}/{name}" for package, name in used} == BZLMOD_ONLY
+    for rel in BZLMOD_ONLY:
+        assert "module_extension(" in (REPO / rel).read_text(), f"{rel}: expected a module extension"
+
+
+@pytest.mark.bazel
+def test_every_starlark_file_loads(tmp_path: Path) -> None:
+    """Every BUILD file of the main repository and every .bzl file parses and evaluates in Bazel."""
+    assert BAZEL, "bazel is not installed: run make setup"
+    copy = tmp_path / "ws"
+    shutil.copytree(
+        REPO,
+        copy,
+        ignore=lambda d, names: [n for n in names if n.startswith("bazel-") or n in SKIP_DIRS],
+    )
+    loads = []
+    for bzl in sorted(copy.rglob("*.bzl")):
+        rel = bzl.relative_to(copy)
+        external = next((p for p in bzl.parents if (p / "WORKSPACE").exists() and p != copy), None)
+        if external is not None:
+            continue  # offline stand-ins are loaded by Bazel itself when a rule needs them
+        if rel.as_posix() in BZLMOD_ONLY:
+            # Bazel 4.2.3 has no module extensions; tests/bazel/test_bzlmod.py loads these in Bazel 7.7.1
+            continue
+        symbol = _first_symbol(bzl)
+        assert symbol, f"{rel}: defines nothing"
+        loads.append(f'load("//{rel.parent.as_posix()}:{rel.name}", {symbol!r})')
+    (copy / "sparkseal_lint").mkdir()
+    (copy / "sparkseal_lint" / "BUILD").write_text("\n".join(loads) + "\n")
+    packages = sorted(
+        {
+            b.parent.relative_to(copy).parts[0]
+            for b in copy.rglob("BUILD")
+            if b.parent != copy and not any((p / "WORKSPACE").exists() for p in b.parents if p != copy)
+        }
+    )
+    workspace = Workspace(
+        root=copy,
+        output_base=tmp_path / "output-base",
+        repository_cache=Path.home() / ".cache" / "sparkseal" / "repository",
+        env=base_env(),
+    )
+    try:
+        # An empty glob is an error from Bazel 8 on: fail on one here already.
+        result = workspace.bazel(
+            "query",
+            "--incompatible_disallow_empty_glob",
+            " + ".join(["//:all", *[f"//{p}/..." for p in packages]]),
+        )
+    finally:
+        workspace.shutdown()
+    assert result.returncode == 0, result.output
+    assert "//third_party/vllm:wheel_linux_aarch64" in result.output
+
+
+# Which packages of ours each part of sparkseal may import: the core at the bottom imports nothing else of
+# ours; action programs, fetch helpers, auditors and the runtime sit on it and never on each other (an
+# action program imports no other action program either); the command line sits on everything. The
+# package root (``sparkseal/__init__.py``) holds only the version and may be imported by all.
+ALLOWED_IMPORTS = {
+    "core": {"core"},
+    "actions": {"core"},
+    "fetch": {"core", "fetch"},
+    "audit": {"core", "audit"},
+    "runtime": {"core", "runtime"},
+    "cli": {"core", "actions", "fetch", "audit", "runtime", "cli"},
+}
+
+
+def _part(rel: Path) -> str:
+    """The part of the package a module belongs to (``sparkseal/<part>/x.py``; ``cli.py`` is the cli)."""
+    return rel.parts[1] if len(rel.parts) > 2 else "cli"
+
+
+def _our_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a ``sparkseal`` module, function-level imports included."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from sparkseal.core import tar` imports the module sparkseal.core.tar
+            package = node.module.count(".") < 2
+            names = [f"{node.module}.{a.name}" for a in node.names] if package else [node.module]
+            found += [(node.lineno, name) for name in names if name.split(".")[0] == "sparkseal"]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "sparkseal"]
+    return found
+
+
+def import_violations(modules: dict[Path, str]) -> list[str]:
+    """Every import against the direction in ``modules`` (repository path -> source), one line each."""
+    violations = []
+    for rel, source in sorted(modules.items()):
+        part = _part(rel)
+        for line, name in _our_imports(source):
+            parts = name.split(".")
+            target = parts[1] if len(parts) > 1 else "__init__"
+            if target in {"__init__", "__version__"}:
+                continue
+            target = "cli" if target in {"cli", "__main__"} else target
+            if target not in ALLOWED_IMPORTS[part]:
+                violations.append(
+                    f"{rel}:{line}: imports {name}; sparkseal.{part} may import only "
+                    f"{', '.join(sorted('sparkseal.' + p for p in ALLOWED_IMPORTS[part]))}"
+                )
+            elif part == "actions" and target == "actions":
+                violations.append(f"{rel}:{line}: imports {name}; an action program imports no other")
+    return violations
+
+
+def _package_modules() -> dict[Path, str]:
+    return {p.relative_to(REPO): p.read_text() for p in sorted((REPO / "sparkseal").rglob("*.py"))}
+
+
+def test_imports_flow_one_way() -> None:
+    """core <- actions, fetch, audit, runtime <- cli: no module imports against the direction."""
+    modules = _package_modules()
+    assert {_part(rel) for rel in modules} == set(ALLOWED_IMPORTS), sorted({_part(r) for r in modules})
+    assert import_violations(modules) == []
+
+
+def test_the_import_check_names_an_upward_import() -> None:
+    modules = {
+        Path("sparkseal/actions/oci_layer.py"): "from sparkseal.audit.scan import scan_stream\n",
+        Path("sparkseal/core/tar.py"): "import os\n\n\ndef f():\n    from sparkseal.runtime import verify\n",
+        Path(
+            "sparkseal/actions/sbom.py"
+        ): "from sparkseal import __version__\nfrom sparkseal.actions import oci_image\n",
+        Path("sparkseal/fetch/series.py"): "from sparkseal.core.patchset import read_series\n",
+    }
+    assert import_violations(modules) == [
+        "sparkseal/actions/oci_layer.py:1: imports sparkseal.audit.scan; sparkseal.actions may import "
+        "only sparkseal.core",
+        "sparkseal/actions/sbom.py:2: imports sparkseal.actions.oci_image; sparkseal.actions may import only "
+        "sparkseal.core",
+        "sparkseal/core/tar.py:5: imports sparkseal.runtime.verify; sparkseal.core may import only "
+        "sparkseal.core",
+    ]
+
+
+def _module_name(rel: Path) -> str:
+    """``sparkseal/fetch/index.py`` -> ``sparkseal.fetch.index`` (a package's ``__init__`` is the package)."""
+    parts = rel.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(modules: dict[Path, str]) -> list[str]:
+    """Every import cycle among the modules of one folder of ``modules`` (repository path -> source).
+
+    The direction check keeps the folders apart; inside one, two modules that import each other (at module
+    level or in a function) would be one unit in disguise: neither can be read, tested, or given its own
+    Bazel inputs alone, and a module-level pair breaks as soon as either is imported first. One line per
+    cycle (a strongly connected part of the folder's import graph): each module of it and the line where
+    it imports the next, around the cycle back to the first.
+    """
+    names = {_module_name(rel): rel for rel in modules}
+    edges: dict[str, dict[str, int]] = {name: {} for name in names}
+    for name, rel in names.items():
+        for line, imported in _our_imports(modules[rel]):
+            if imported in names and names[imported].parent == rel.parent and imported != name:
+                edges[name].setdefault(imported, line)
+            elif imported == name:
+                edges[name].setdefault(name, line)
+    # Tarjan's strongly connected components, iterative so no recursion limit applies.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in edges[node]:
+                    components.append(sorted(component))
+    found = []
+    for component in sorted(components):
+        path = _shortest_cycle(component[0], edges, set(component))
+        hops = ", ".join(
+            f"{names[a].as_posix()}:{edges[a][b]} imports {b}" for a, b in itertools.pairwise(path)
+        )
+        folder = names[component[0]].parent.as_posix()
+        found.append(f"{folder}: import cycle among {', '.join(component)}: {hops}")
+    return found
+
+
+def _shortest_cycle(start: str, edges: dict[str, dict[str, int]], members: set[str]) -> list[str]:
+    """The shortest import path from ``start`` back to itself through ``members`` (breadth first)."""
+    came_from: dict[str, str] = {}
+    queue = collections.deque([start])
+    while queue:
+        node = queue.popleft()
+        for child in sorted(edges[node]):
+            if child == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if child in members and child not in came_from:
+                came_from[child] = node
+                queue.append(child)
+    raise AssertionError(f"{start}: no cycle back to it among {sorted(members)}")
+
+
+def test_no_import_cycles_inside_a_folder() -> None:
+    """No module imports, directly or through others of its folder, a module that imports it back."""
+    assert import_cycles(_package_modules()) == []
+
+
+def test_the_cycle_check_names_a_planted_cycle() -> None:
+    modules = {
+        Path("sparkseal/audit/provenance_check.py"): (
+            "def verify():\n    from sparkseal.audit import provenance_sign\n"
+        ),
+        Path("sparkseal/audit/provenance_sign.py"): (
+            "import json\n\nfrom sparkseal.audit.provenance_check import load_statement\n"
+        ),
+        Path("sparkseal/audit/compare.py"): "from sparkseal.audit.provenance_check import check\n",
+        # a three-module cycle, through a package-level `from sparkseal.fetch import x`
+        Path("sparkseal/fetch/a.py"): "from sparkseal.fetch import b\n",
+        Path("sparkseal/fetch/b.py"): "import sparkseal.fetch.c\n",
+        Path("sparkseal/fetch/c.py"): "\n\nfrom sparkseal.fetch.a import x\n",
+        # the same names in two folders are no cycle; one-way imports are none either
+        Path("sparkseal/runtime/a.py"): "from sparkseal.core.b import y\n",
+        Path("sparkseal/core/b.py"): "from sparkseal.core import c\n",
+        Path("sparkseal/core/c.py"): "",
+    }
+    assert import_cycles(modules) == [
+        "sparkseal/audit: import cycle among sparkseal.audit.provenance_check, "
+        "sparkseal.audit.provenance_sign: sparkseal/audit/provenance_check.py:2 imports "
+        "sparkseal.audit.provenance_sign, sparkseal/audit/provenance_sign.py:3 imports "
+        "sparkseal.audit.provenance_check",
+        "sparkseal/fetch: import cycle among sparkseal.fetch.a, sparkseal.fetch.b, sparkseal.fetch.c: "
+        "sparkseal/fetch/a.py:1 imports sparkseal.fetch.b, sparkseal/fetch/b.py:1 imports "
+        "sparkseal.fetch.c, sparkseal/fetch/c.py:3 imports sparkseal.fetch.a",
+    ]
+
+
+def _deps_table(build: str, name: str) -> dict[str, list[str]]:
+    text = (REPO / build).read_text()
+    table = re.search(rf"^{name} = (\{{.*?^\}})", text, re.MULTILINE | re.DOTALL)
+    assert table, f"{build}: expected a {name} = {{...}} table, found none"
+    return ast.literal_eval(table.group(1))
+
+
+def _core_imports(source: str) -> list[str]:
+    return sorted(
+        {name.split(".")[2] for _, name in _our_imports(source) if name.startswith("sparkseal.core.")}
+    )
+
+
+@pytest.mark.parametrize(
+    ("package", "build", "table"),
+    [("core", "sparkseal/core/BUILD", "CORE_DEPS"), ("actions", "sparkseal/actions/BUILD", "ACTION_DEPS")],
+)
+def test_bazel_deps_match_the_imports(package: str, build: str, table: str) -> None:
+    """Each module's Bazel inputs are the core modules it imports: no more (cache misses), no fewer."""
+    deps = _deps_table(build, table)
+    modules = sorted(p for p in (REPO / "sparkseal" / package).glob("*.py") if p.stem != "__init__")
+    assert sorted(deps) == [p.stem for p in modules], f"{build}: {table} lists other modules"
+    for module in modules:
+        imported = _core_imports(module.read_text())
+        assert imported == deps[module.stem], (
+            f"{build}: {table}[{module.stem!r}]: expected {imported} (the imports of {module.name}), "
+            f"found {deps[module.stem]}"
+        )
+
+
+def test_starlark_platforms_are_the_python_ones() -> None:
+    """rules/private/platforms.bzl repeats sparkseal/core/platforms.py for Starlark; they must agree."""
+    from sparkseal.core import platforms
+
+    text = (REPO / "rules/private/platforms.bzl").read_text()
+    names = re.search(r"^PLATFORMS = (\[.*?\])", text, re.MULTILINE | re.DOTALL)
+    debian = re.search(r"^DEBIAN_ARCHITECTURES = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
+    assert names and debian, "rules/private/platforms.bzl: expected PLATFORMS and DEBIAN_ARCHITECTURES"
+    assert ast.literal_eval(names.group(1)) == list(platforms.PLATFORMS)
+    assert ast.literal_eval(debian.group(1)) == platforms.DEBIAN_ARCHITECTURES
+    assert set(platforms.MACHINES) == set(platforms.PLATFORMS) == set(platforms.DEBIAN_ARCHITECTURES)
+
+
+def test_platform_names_are_written_in_one_place() -> None:
+    """No Python module or .bzl file spells out the platform list itself: they read the one table."""
+    pattern = re.compile(r"""["']linux_aarch64["'],\s*["']linux_x86_64["']""")
+    homes = {Path("sparkseal/core/platforms.py"), Path("rules/private/platforms.bzl")}
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in [
+            *(REPO / "sparkseal").rglob("*.py"),
+            *(REPO / "rules").rglob("*.bzl"),
+            *REPO.glob("**/BUILD"),
+        ]
+        if p.relative_to(REPO) not in homes
+        and not p.relative_to(REPO).parts[0].startswith(("bazel-", "tests", "third_party"))
+        and pattern.search(p.read_text())
+    ]
+    assert offenders == []
+
+
+def _module_file(name: str) -> Path | None:
+    for path in (REPO / (name.replace(".", "/") + ".py"), REPO / name.replace(".", "/") / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _sources_of(module: str) -> list[str]:
+    """The files Python reads to run ``python3 -m module``: the module, what it imports, their packages."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        for _, imported in _our_imports(path.read_text()):
+            todo.append(imported if _module_file(imported) else imported.rpartition(".")[0])
+    return sorted(str(_module_file(n).relative_to(REPO)) for n in seen)  # type: ignore[union-attr]
+
+
+def test_repository_rule_helpers_declare_every_source_they_run() -> None:
+    text = (REPO / "rules/private/helpers.bzl").read_text()
+    table = re.search(r"^HELPER_SOURCES = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
+    assert table, "rules/private/helpers.bzl: expected a HELPER_SOURCES = {...} table, found none"
+    declared = ast.literal_eval(table.group(1))
+    used = set(re.findall(r'run_python_helper\(\s*rctx,\s*"([\w.]+)"', _all_bzl()))
+    assert used and used <= set(declared), f"helpers run but not declared: {sorted(used - set(declared))}"
+    for module, sources in declared.items():
+        assert sources == _sources_of(module), (
+            f"rules/private/helpers.bzl: HELPER_SOURCES[{module!r}]: expected {_sources_of(module)}, "
+            f"found {sources}"
+        )
+
+
+def _all_bzl() -> str:
+    return "\n".join(p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl")))
+
+
+def test_no_label_is_printed_into_action_arguments() -> None:
+    """str(label) changed form in Bazel 7 (`@@//pkg:name`); what reaches outputs uses label_string()."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted((REPO / "rules").rglob("*.bzl"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"args\.add", line) and re.search(r"\bstr\(", line)
+    ]
+    assert offenders == []
+
+
+def test_every_build_file_loads_python_rules_from_one_place() -> None:
+    """Bazel 8 drops the native py_* rules: every BUILD file takes them from rules/py.bzl."""
+    offenders = []
+    for build in sorted(REPO.rglob("BUILD")):
+        rel = build.relative_to(REPO)
+        if rel.parts[0].startswith("bazel-") or rel.parts[:2] == ("third_party", "bazel"):
+            continue
+        text = build.read_text()
+        used = set(re.findall(r"^\s*(py_library|py_binary|py_test)\(", text, re.MULTILINE))
+        loaded = set(re.findall(r'load\("//rules:py\.bzl",([^)]*)\)', text))
+        names = set(re.findall(r'"(py_\w+)"', " ".join(loaded)))
+        if used - names:
+            offenders.append(f"{rel}: uses {sorted(used - names)} without loading them from //rules:py.bzl")
+    assert offenders == []

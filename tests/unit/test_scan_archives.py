@@ -1,0 +1,332 @@
+"""`sparkseal scan PATH` opens the archives it finds: wheels, sdists, tars (gz, zst, xz, ...), .debs.
+
+A finding inside one is named ``ARCHIVE!member`` (nested: ``outer!inner!member``); a corrupt archive or a
+bomb fails the scan (exit 2) naming the archive; no member path leaves the scan's scratch directory.
+Secrets are built at run time (tests/secret_samples.py) so that this file itself stays clean.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import lzma
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from sparkseal.core import archives, scan
+from sparkseal.core.catalogue import Catalogue
+from tests.secret_samples import families
+from tests.unit.test_scan import HOME, RULES_NOTE, _cli
+
+CATALOGUE = Catalogue.find()
+# The PyPI prefix only shapes the PyPI sample, which these tests do not use.
+SLACK = families("pypi-unused")["slack"].positive.encode()
+TOKEN = SLACK.split(b'"')[1].decode()  # what the rule matches: the token without its assignment
+RULE = "betterleaks.slack-bot-token"
+WHEEL = "pkg-1.0-py3-none-any.whl"
+
+
+def _tar(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    """An uncompressed tar of ``files`` (regular members) and ``links`` (symlinks: name -> target)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+def _zip(files: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", method) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return raw.getvalue()
+
+
+def _ar(members: list[tuple[str, bytes]]) -> bytes:
+    out = b"!<arch>\n"
+    for name, data in members:
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{0o100644:<8o}{len(data):<10}`\n".encode()
+        out += data + (b"\n" if len(data) % 2 else b"")
+    return out
+
+
+def _deb(files: dict[str, bytes]) -> bytes:
+    """A .deb as dpkg-deb writes one: debian-binary, control.tar.gz, data.tar.xz."""
+    control = gzip.compress(_tar({"./control": b"Package: tool\nVersion: 1.0\nArchitecture: arm64\n"}))
+    data = lzma.compress(_tar(files))
+    return _ar([("debian-binary", b"2.0\n"), ("control.tar.gz", control), ("data.tar.xz", data)])
+
+
+def _scan(*paths: Path) -> scan.Report:
+    return scan.run_scan(list(paths), None, None, root=paths[0].parent, catalogue=CATALOGUE)
+
+
+def _locations(report: scan.Report) -> list[str]:
+    return [f.location() for f in report.findings]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, scan.Report]:
+    """One directory holding each kind of archive with a token inside, scanned once."""
+    root = tmp_path_factory.mktemp("archives")
+    wheel = _zip({"pkg/__init__.py": b"", "pkg/config.txt": SLACK})
+    (root / WHEEL).write_bytes(wheel)
+    (root / "pkg-1.0.tar.gz").write_bytes(gzip.compress(_tar({"pkg-1.0/pkg/config.txt": SLACK})))
+    (root / "rootfs.tar.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(_tar({"./etc/app/config.txt": SLACK}))
+    )
+    (root / "tool_1.0_arm64.deb").write_bytes(_deb({"./etc/tool/config.txt": SLACK, "./usr/bin/tool": b"x"}))
+    (root / "bundle.tar.gz").write_bytes(gzip.compress(_tar({f"dist/{WHEEL}": wheel, "README": b"hi\n"})))
+    (root / "notes.txt").write_text("nothing here\n")
+    return root, _scan(root)
+
+
+def test_every_archive_is_opened_and_counted(tree: tuple[Path, scan.Report]) -> None:
+    root, report = tree
+    assert (report.files, report.archives, report.notes) == (10, 6, [])
+    assert _locations(report) == [
+        f"{root}/bundle.tar.gz!dist/{WHEEL}!pkg/config.txt:1:{RULE}",
+        f"{root}/pkg-1.0-py3-none-any.whl!pkg/config.txt:1:{RULE}",
+        f"{root}/pkg-1.0.tar.gz!pkg-1.0/pkg/config.txt:1:{RULE}",
+        f"{root}/rootfs.tar.zst!etc/app/config.txt:1:{RULE}",
+        f"{root}/tool_1.0_arm64.deb!etc/tool/config.txt:1:{RULE}",
+    ]
+
+
+def test_token_in_a_wheel(tree: tuple[Path, scan.Report]) -> None:
+    root, report = tree
+    assert f"{root}/{WHEEL}!pkg/config.txt:1:{RULE}" in _locations(report)
+
+
+def test_token_in_a_tar_gz(tree: tuple[Path, scan.Report]) -> None:
+    root, report = tree
+    assert f"{root}/pkg-1.0.tar.gz!pkg-1.0/pkg/config.txt:1:{RULE}" in _locations(report)
+
+
+def test_token_in_a_tar_zst(tree: tuple[Path, scan.Report]) -> None:
+    root, report = tree
+    assert f"{root}/rootfs.tar.zst!etc/app/config.txt:1:{RULE}" in _locations(report)
+
+
+def test_token_in_a_deb(tree: tuple[Path, scan.Report]) -> None:
+    """A .deb's data.tar members are named as dpkg would install them (no ``./``)."""
+    root, report = tree
+    assert f"{root}/tool_1.0_arm64.deb!etc/tool/config.txt:1:{RULE}" in _locations(report)
+
+
+def test_token_in_a_wheel_inside_a_tar_gz(tree: tuple[Path, scan.Report]) -> None:
+    root, report = tree
+    assert f"{root}/bundle.tar.gz!dist/{WHEEL}!pkg/config.txt:1:{RULE}" in _locations(report)
+
+
+def test_text_and_json_name_the_member_and_never_the_token(tmp_path: Path) -> None:
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(_zip({"pkg/config.txt": SLACK}))
+    done = _cli(str(wheel))
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        f"{wheel}!pkg/config.txt:1:{RULE}: xoxb***({len(TOKEN)} chars)",
+        f"1 files scanned (1 archives opened), 1 finding(s), 0 allowed {RULES_NOTE}",
+    ]
+    done = _cli(str(wheel), "--json")
+    report = json.loads(done.stdout)
+    assert [(f["path"], f["rule"]) for f in report["findings"]] == [(f"{wheel}!pkg/config.txt", RULE)]
+    assert (report["files"], report["archives"], report["notes"]) == (1, 1, [])
+    assert TOKEN not in done.stdout
+    allow = tmp_path / "allow.json"
+    allow.write_text(json.dumps({"allow": [{"path": "*.whl!pkg/*", "rule": RULE, "reason": "fixture"}]}))
+    assert _cli(str(wheel), "--allow", str(allow)).returncode == 0
+
+
+def test_an_archive_nested_too_deep_is_read_as_bytes_not_opened(tmp_path: Path) -> None:
+    """Our rules still read its bytes (stored, so the path is plain there); the catalogue skips archives."""
+    stored = zipfile.ZIP_STORED
+    level4 = _zip({"config.txt": SLACK, "cache.py": f"CACHE = '{HOME}/.cache'\n".encode()}, stored)
+    level3 = _zip({"d.zip": level4}, stored)
+    level2 = _zip({"c.zip": level3}, stored)
+    (tmp_path / "a.zip").write_bytes(_zip({"b.zip": level2}, stored))
+    report = _scan(tmp_path / "a.zip")
+    deepest = f"{tmp_path}/a.zip!b.zip!c.zip!d.zip"
+    assert report.archives == archives.MAX_ARCHIVE_DEPTH == 3
+    assert report.notes == [
+        f"{deepest}: a zip archive nested deeper than 3 archives (MAX_ARCHIVE_DEPTH): not opened, its "
+        "bytes read by sparkseal's own rules only"
+    ]
+    assert [(f.path, f.rule) for f in report.findings] == [(deepest, "home-path")]
+
+
+def test_a_zstd_tar_without_the_zstandard_module_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = tmp_path / "rootfs.tar.zst"
+    archive.write_bytes(zstandard.ZstdCompressor().compress(_tar({"a.txt": b"a\n"})))
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(archive)
+    assert str(caught.value).startswith(
+        f"{archive}: expected a zstd-compressed tar archive, cannot open it: the zstandard module cannot "
+        "be imported (import of zstandard halted; None in sys.modules); install it"
+    )
+
+
+def _corrupt(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
+    """Corrupt archives by name: their bytes and the start of the message each must fail with."""
+    wheel = _zip({"pkg/config.txt": b"a line of text, compressed\n" * 50})
+    at = wheel.index(b"pkg/config.txt") + len("pkg/config.txt") + 10  # inside the deflated data
+    flipped = wheel[:at] + bytes(b ^ 0xFF for b in wheel[at : at + 8]) + wheel[at + 8 :]
+    sdist = gzip.compress(_tar({"pkg-1.0/setup.py": b"print(1)\n" * 400}))
+    return {
+        "not-a-zip.whl": (
+            b"this is no zip",
+            "expected a wheel (a zip archive), cannot read it: File is not a zip file",
+        ),
+        "flipped.whl": (
+            flipped,
+            "expected a wheel (a zip archive), cannot read it (member pkg/config.txt): ",
+        ),
+        "truncated.tar.gz": (
+            sdist[: len(sdist) // 2],
+            "expected a gzip-compressed tar archive, cannot read it",
+        ),
+        "not-gzip.tgz": (b"plain text", "expected a gzip-compressed tar archive, cannot read it: "),
+        "no-data.deb": (
+            _ar([("debian-binary", b"2.0\n")]),
+            "expected a Debian package (an ar archive with a data.tar member), cannot read it: expected "
+            "one member of data.tar, data.tar.gz, data.tar.bz2, data.tar.xz, data.tar.zst, found none "
+            "among ['debian-binary']",
+        ),
+        "not-ar.deb": (
+            b"PK\x03\x04",
+            "expected a Debian package (an ar archive with a data.tar member), cannot read it: ",
+        ),
+        "bad-data.deb": (
+            _ar([("debian-binary", b"2.0\n"), ("data.tar.xz", b"not xz at all")]),
+            "expected a Debian package whose data.tar.xz is an xz-compressed tar archive, cannot read it: ",
+        ),
+    }
+
+
+def test_a_corrupt_archive_fails_the_scan_naming_it_and_its_format(tmp_path: Path) -> None:
+    for name, (data, message) in _corrupt(tmp_path).items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(scan.ScanInputError) as caught:
+            _scan(path)
+        assert str(caught.value).startswith(f"{path}: {message}"), str(caught.value)
+    done = _cli(str(tmp_path / "not-a-zip.whl"))
+    assert done.returncode == 2
+    assert (
+        f"{tmp_path}/not-a-zip.whl: expected a wheel (a zip archive), cannot read it: File is not a zip file"
+        in done.stderr
+    )
+
+
+def _copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the members the scan copies out of archives, as they are copied."""
+    names: list[str] = []
+    add_copy = scan._CatalogueBatches.add_copy
+
+    def spy(self: scan._CatalogueBatches, content: io.RawIOBase, name: str, size: int) -> Path:
+        names.append(name)
+        return add_copy(self, content, name, size)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scan._CatalogueBatches, "add_copy", spy)
+    return names
+
+
+def test_a_zip_bomb_is_refused_not_unpacked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bomb = tmp_path / "bomb.zip"
+    unpacked = archives.RATIO_FROM_BYTES * 2
+    bomb.write_bytes(_zip({"a.txt": b"fine\n", "zeros.bin": bytes(unpacked)}))
+    copied = _copied(monkeypatch)
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(bomb)
+    packed = bomb.stat().st_size
+    assert str(caught.value) == (
+        f"{bomb}: refused as an archive bomb, not unpacked: its 2 members would unpack to {unpacked + 5} "
+        f"bytes from {packed}, {(unpacked + 5) // packed} times its size, over the limit of 100 times "
+        "(MAX_COMPRESSION_RATIO)"
+    )
+    assert copied == []  # refused from the zip's directory, before its first member
+
+    sdist = tmp_path / "bomb.tar.gz"
+    sdist.write_bytes(gzip.compress(_tar({"a.txt": b"fine\n", "zeros.bin": bytes(unpacked)})))
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(sdist)
+    assert str(caught.value).startswith(
+        f"{sdist}: refused as an archive bomb, not unpacked: its members up to zeros.bin would unpack to "
+        f"{unpacked + 5} bytes from {sdist.stat().st_size}"
+    )
+    assert copied == [f"{sdist}!a.txt"]  # the bomb member itself was never read
+
+
+def test_an_archive_over_the_size_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit counts the members of nested archives too: here the wheel inside the tar."""
+    wheel = _zip({"pkg/a.py": b"#" * 1000, "pkg/b.py": b"#" * 1000})
+    limit = len(wheel) + 1500  # the wheel itself fits; with its members it does not
+    monkeypatch.setattr(archives, "MAX_UNPACKED_BYTES", limit)
+    bundle = tmp_path / "bundle.tar"
+    bundle.write_bytes(_tar({f"dist/{WHEEL}": wheel}))
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(bundle)
+    assert str(caught.value) == (
+        f"{bundle}!dist/{WHEEL}: refused as an archive bomb, not unpacked: its 2 members would bring what "
+        f"it unpacks to {len(wheel) + 2000} bytes, over the limit of {limit} bytes (MAX_UNPACKED_BYTES)"
+    )
+
+
+def test_member_paths_never_leave_the_scratch_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Absolute paths, ``..`` and links in an archive are names only: nothing is written where they point."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_bytes(SLACK)  # what a followed link would read
+    scanned = tmp_path / "in"
+    scanned.mkdir()
+    absolute = f"{outside}/planted.txt"
+    evil = scanned / "evil.tar.gz"
+    evil.write_bytes(
+        gzip.compress(
+            _tar(
+                {
+                    "../../../../escape.txt": SLACK,
+                    absolute: SLACK,
+                    "linked/pwned.txt": SLACK,  # through the link below, were links made
+                    "..": b"no name\n",
+                },
+                links={"linked": str(outside), "secret-link.txt": str(outside / "secret.txt")},
+            )
+        )
+    )
+    (scanned / "evil.zip").write_bytes(_zip({"../../zip-escape.txt": SLACK, "/etc/abs.txt": SLACK}))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    report = _scan(scanned)
+    assert _locations(report) == sorted(
+        [
+            f"{evil}!../../../../escape.txt:1:{RULE}",
+            f"{evil}!linked/pwned.txt:1:{RULE}",
+            f"{evil}!{absolute.lstrip('/')}:1:{RULE}",
+            f"{scanned}/evil.zip!../../zip-escape.txt:1:{RULE}",
+            f"{scanned}/evil.zip!etc/abs.txt:1:{RULE}",
+        ]
+    )
+    assert report.files == 6  # the two links are not members with content: skipped, not followed
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing new anywhere, scratch empty again
+    assert list(scratch.iterdir()) == []
