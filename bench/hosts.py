@@ -1,7 +1,7 @@
 """Benchmark: the same image from two Linux hosts, Debian bookworm with Bazel 4.2.3 and Debian sid with
 Bazel 7.7.1 (WORKSPACE mode, ``--config=bazel7``), in the root ``.ci/setup-sid`` makes.
 
-    python3 bench/hosts.py [--out bench/results/hosts.md]
+    python3 bench/hosts.py [--platforms linux_aarch64 linux_x86_64] [--out bench/results/hosts.md]
 
 Each host builds, cold in a fresh copy of the checkout with its own output base (the user's repository
 cache, so no download is timed), both images and everything the provenance names: ``//:image`` and
@@ -34,16 +34,11 @@ from tests.bazel_util import copy_checkout, remove_tree  # noqa: E402
 from tests.sid_root import SID_ROOT, available, run_in_sid  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "sparkseal"
-TARGETS = [
-    "//:image_linux_aarch64",
-    "//:image_linux_x86_64",
-    "//:provenance_linux_aarch64",
-    "//:provenance_linux_x86_64",
-]
-# Top-level artifacts below bazel-bin: (what, path, how to read its digest).
+PLATFORMS = ("linux_aarch64", "linux_x86_64")
+# Top-level artifacts below bazel-bin: (platform, what, path, how to read its digest).
 ARTIFACTS = [
-    (f"{what} {p}", path.format(p=p), kind)
-    for p in ("linux_aarch64", "linux_x86_64")
+    (p, f"{what} {p}", path.format(p=p), kind)
+    for p in PLATFORMS
     for what, path, kind in (
         ("image", "image_{p}.digest", "text"),
         ("vLLM wheel", "third_party/vllm/wheel_{p}", "whl"),
@@ -81,16 +76,24 @@ def spawns(log: Path) -> dict[tuple[str, tuple[str, ...]], dict[str, str]]:
     return found
 
 
-def build_here(scratch: Path) -> tuple[Path, Path, float]:
-    """Bookworm, Bazel 4.2.3: bazel-bin, the execution log and the seconds the build took."""
+def targets(platforms: tuple[str, ...]) -> list[str]:
+    """The image and the provenance (which needs the PEX, manifest and SBOM) of each platform."""
+    return [f"//:{kind}_{p}" for p in platforms for kind in ("image", "provenance")]
+
+
+def collect(bin_dir: Path, platforms: tuple[str, ...]) -> dict[str, str]:
+    """what -> sha256 of every top-level artifact of ``platforms``."""
+    return {what: digest(bin_dir, rel, kind) for p, what, rel, kind in ARTIFACTS if p in platforms}
+
+
+def build_here(scratch: Path, platforms: tuple[str, ...]) -> tuple[dict[str, str], Path, float]:
+    """Bookworm, Bazel 4.2.3: the artifacts' digests, the execution log and the seconds the build took.
+    The output base goes afterwards, so the two hosts' builds never hold the disk together."""
     ws = copy_checkout(REPO, scratch / "bookworm" / "sparkseal")
     base, log = scratch / "bookworm" / "output-base", scratch / "bookworm.exec.json"
     start = time.monotonic()
-    subprocess.run(
-        ["bazel", f"--output_base={base}", "build", f"--execution_log_json_file={log}", *TARGETS],
-        cwd=ws,
-        check=True,
-    )
+    build = [f"--execution_log_json_file={log}", *targets(platforms)]
+    subprocess.run(["bazel", f"--output_base={base}", "build", *build], cwd=ws, check=True)
     seconds = time.monotonic() - start
     info = subprocess.run(
         ["bazel", f"--output_base={base}", "info", "bazel-bin"],
@@ -99,18 +102,20 @@ def build_here(scratch: Path) -> tuple[Path, Path, float]:
         capture_output=True,
         text=True,
     )
+    found = collect(Path(info.stdout.strip()), platforms)
     subprocess.run(["bazel", f"--output_base={base}", "shutdown"], cwd=ws, check=False)
-    return Path(info.stdout.strip()), log, seconds
+    remove_tree(scratch / "bookworm")
+    return found, log, seconds
 
 
-def build_in_sid(scratch: Path) -> tuple[Path, Path, float]:
+def build_in_sid(scratch: Path, platforms: tuple[str, ...]) -> tuple[dict[str, str], Path, float]:
     """Sid, Bazel 7.7.1: the same, in the sid root (the checkout copy at the same path there)."""
     ws = copy_checkout(REPO, scratch / "sid" / "sparkseal")
     base, log, where = scratch / "sid" / "output-base", scratch / "sid.exec.json", scratch / "sid.bin"
     script = (
         f"set -eu\ncd {shlex.quote(str(ws))}\nstart=$(date +%s.%N)\n"
         f"bazel --output_base={base} build --config=bazel7 --execution_log_json_file={log} "
-        f"{' '.join(TARGETS)}\n"
+        f"{' '.join(targets(platforms))}\n"
         f'end=$(date +%s.%N)\necho "seconds $start $end"\n'
         f"bazel --output_base={base} info --config=bazel7 bazel-bin > {where}\n"
     )
@@ -118,24 +123,26 @@ def build_in_sid(scratch: Path) -> tuple[Path, Path, float]:
     if result.returncode != 0:
         raise SystemExit(f"sid build failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
     start, end = next(line for line in result.stdout.splitlines() if line.startswith("seconds ")).split()[1:]
-    return Path(where.read_text().strip()), log, float(end) - float(start)
+    found = collect(Path(where.read_text().strip()), platforms)
+    remove_tree(scratch / "sid")
+    return found, log, float(end) - float(start)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hosts.md")
+    parser.add_argument("--platforms", nargs="+", choices=PLATFORMS, default=list(PLATFORMS))
     args = parser.parse_args()
+    platforms = tuple(args.platforms)
     if not available():
         raise SystemExit(f"{SID_ROOT}: expected the sid root of .ci/setup-sid, found none")
     scratch = CACHE / "bench-hosts"
     remove_tree(scratch)
     scratch.mkdir(parents=True)
     try:
-        here_bin, here_log, here_s = build_here(scratch)
-        sid_bin, sid_log, sid_s = build_in_sid(scratch)
-        rows = [
-            (what, digest(here_bin, rel, kind), digest(sid_bin, rel, kind)) for what, rel, kind in ARTIFACTS
-        ]
+        here, here_log, here_s = build_here(scratch, platforms)
+        sid, sid_log, sid_s = build_in_sid(scratch, platforms)
+        rows = [(what, here[what], sid[what]) for what in here]
         here_spawns, sid_spawns = spawns(here_log), spawns(sid_log)
         common = sorted(set(here_spawns) & set(sid_spawns))
         differing = [key for key in common if here_spawns[key] != sid_spawns[key]]
@@ -145,14 +152,16 @@ def main() -> int:
     lines = [
         "# The same image from two Linux hosts",
         "",
-        f"- Date: {datetime.now(UTC):%Y-%m-%d}; command: `python3 bench/hosts.py` (one run, each host "
-        "cold in a fresh copy of the checkout and output base, the user's repository cache shared).",
+        f"- Date: {datetime.now(UTC):%Y-%m-%d}; command: "
+        f"`python3 bench/hosts.py --platforms {' '.join(platforms)}` (one run, each host cold in a fresh copy"
+        " of the checkout and output base, the user's repository cache shared; each host's output base"
+        " deleted before the other's build).",
         f"- Machine: {platform.machine()}, {os.cpu_count()} cores.",
         "- Host A: Debian bookworm (Python 3.11, g++ 12, glibc 2.36), Bazel 4.2.3 (`bazel-bootstrap`), "
         "WORKSPACE.",
         "- Host B: Debian sid root of `.ci/setup-sid` (Python 3.14, g++ 16, glibc 2.43), Bazel 7.7.1+ds-8+b1 "
         "(`bazel-bootstrap`), WORKSPACE (`--config=bazel7`).",
-        f"- Targets: `{' '.join(TARGETS)}` (gzip layers).",
+        f"- Targets: `{' '.join(targets(platforms))}` (gzip layers).",
         "",
         "| artifact | bookworm, Bazel 4.2.3 | sid, Bazel 7.7.1 | equal |",
         "|---|---|---|---|",
