@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,16 +20,19 @@ STAMP = SID_ROOT / "etc" / "sparkseal" / "setup-sid.sha256"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Runs on the host inside the new mount and pid namespaces (unshare has mounted the namespace's /proc in
-# the root): /dev for Bazel (/dev/null, /dev/urandom), a private tmpfs on the root's /tmp so that mount
-# points made there for the binds (pytest's tmp_path, say) vanish too, then each bind at its own path.
+# the root): /dev for Bazel (/dev/null, /dev/urandom), a fresh folder on disk as the root's /tmp (a PEX
+# build puts gigabytes there: a tmpfs in memory runs out) so that mount points made there for the binds
+# (pytest's tmp_path, say) vanish with it, then each bind at its own path.
 # Mount points elsewhere stay in the root as empty directories (removing them could detach a concurrent
-# call's mount). Arguments: ROOT, the bind directories, "--", NAME=VALUE..., the command to run in the root.
+# call's mount). Arguments: ROOT, TMP, the bind directories, "--", NAME=VALUE..., the command to run in
+# the root.
 _ENTER = r"""
 set -eu
 root=$1
-shift
+tmp=$2
+shift 2
 mount --rbind /dev "$root/dev"
-mount -t tmpfs tmpfs "$root/tmp"
+mount --bind "$tmp" "$root/tmp"
 while [ "$1" != -- ]; do
     mkdir -p "$root$1"
     mount --rbind "$1" "$root$1"
@@ -68,6 +72,9 @@ def run_in_sid(
         if not name or "=" in name:
             raise ValueError(f"environment variable name {name!r}: expected a name without '='")
     variables = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", **env}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="sid-tmp-", dir=CACHE))
+    tmp.chmod(0o1777)
     command = [
         "unshare",
         "--mount",
@@ -80,6 +87,7 @@ def run_in_sid(
         _ENTER,
         "sid-root",
         str(SID_ROOT),
+        str(tmp),
         *map(str, paths),
         "--",
         *(f"{name}={value}" for name, value in variables.items()),
@@ -87,11 +95,19 @@ def run_in_sid(
         "-c",
         script,
     ]
-    return subprocess.run(
-        command,
-        env={"PATH": PATH, "LANG": "C.UTF-8"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout,
-    )
+    try:
+        return subprocess.run(
+            command,
+            env={"PATH": PATH, "LANG": "C.UTF-8"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+    finally:
+        # The namespace is gone, so nothing should be mounted below it any more; never delete through a
+        # mount that is still there.
+        mounts = Path("/proc/mounts").read_text().split()
+        if not any(m == str(tmp) or m.startswith(f"{tmp}/") for m in mounts):
+            subprocess.run(["chmod", "-R", "u+w", str(tmp)], capture_output=True, check=False)
+            shutil.rmtree(tmp, ignore_errors=True)
