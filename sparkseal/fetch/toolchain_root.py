@@ -26,7 +26,14 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from sparkseal.core.debian_rootfs import DebError, check_link_target, read_ar, read_control, tar_member
+from sparkseal.core.debian_rootfs import (
+    DebError,
+    check_against_lock,
+    check_link_target,
+    read_ar,
+    read_control,
+    tar_member,
+)
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
 from sparkseal.core.paths import UnsafePath, check_relative
 
@@ -152,27 +159,12 @@ def unpack(
     debs: list[Path], lock: Path, out: Path, triplet: str, skip: set[str], host_libc: set[str]
 ) -> None:
     """Unpack ``debs`` (exactly the packages ``lock`` lists, by sha256) into ``out``."""
-    try:
-        entries = {e["filename"]: e for e in json.loads(lock.read_text(encoding="utf-8"))["packages"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ToolchainError(f"{lock}: expected a Debian lock with a `packages` list ({exc})") from exc
-    names = {d.name for d in debs}
-    if names != set(entries):
-        raise ToolchainError(
-            f"{lock}: expected exactly the {len(entries)} locked .debs, got {len(names)}: "
-            f"missing {sorted(set(entries) - names) or 'none'}, "
-            f"not locked {sorted(names - set(entries)) or 'none'}"
-        )
+    entries = check_against_lock(debs, lock)
     unpacker = Unpacker(out / "root")
     packages = []
     for deb in sorted(debs, key=lambda d: d.name):
         entry = entries[deb.name]
         data = deb.read_bytes()
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != entry["sha256"]:
-            raise ToolchainError(
-                f"{deb}: sha256 mismatch: expected {entry['sha256']} ({lock}), actual {actual}"
-            )
         members = read_ar(data, str(deb))
         package = read_control(deb, members).name
         if package != entry["package"]:
