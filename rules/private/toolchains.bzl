@@ -33,7 +33,6 @@ SparksealCcInfo = provider(
         "files": "depset of File: compilers, binutils, sysroot and library links (inputs of the action)",
         "description": "File: toolchain.json (host, sysroot, library_path, and per target platform the " +
                        "paths of cxx, tools_prefix, binutils_prefix and find_root, relative to the repository)",
-        "packages": "File: packages.json, name/version/architecture/sha256 of every locked .deb",
     },
 )
 
@@ -76,13 +75,14 @@ filegroup(
     srcs = glob(["root/**", "lib/**"]),
 )
 
-filegroup(name = "packages", srcs = ["packages.json"])
+# name, version, architecture and sha256 of every locked .deb (the provenance reads the lock itself).
+exports_files(["packages.json"])
 
 # Our programs are py_tools, whose /bin/sh launchers start this interpreter directly; a plain py_binary's
 # stub would still start on the host's python3 (Bazel's default stub_shebang) before handing over to it.
 py_runtime(
     name = "runtime",
-    files = [":files", "packages.json"],
+    files = [":files"],
     interpreter = "python3",
     python_version = "PY3",
 )
@@ -107,12 +107,12 @@ filegroup(
 # Where each compiler lies in the root, read by the kernels action.
 filegroup(name = "toolchain", srcs = ["toolchain.json"])
 
-filegroup(name = "packages", srcs = ["packages.json"])
+# name, version, architecture and sha256 of every locked .deb (the provenance reads the lock itself).
+exports_files(["packages.json"])
 """
 
 def _cc_description(platform):
     """toolchain.json: the compilers of a `platform` build host, per wheel platform (paths in the repo)."""
-    triplet = TRIPLETS[platform]
     targets = {}
     for target in PLATFORMS:
         if target != platform and platform != "linux_x86_64":
@@ -128,7 +128,7 @@ def _cc_description(platform):
             # Where CMake looks for the target's libraries and headers (a cross build only).
             "find_root": "" if target == platform else "root/usr/%s" % target_triplet,
         }
-    return {"host": platform, "sysroot": "root", "library_path": "lib", "triplet": triplet, "targets": targets}
+    return {"host": platform, "sysroot": "root", "library_path": "lib", "targets": targets}
 
 def _locked_toolchain_impl(rctx):
     platform = rctx.attr.platform or host_platform(rctx, "locked_toolchain %s" % rctx.name)
@@ -188,7 +188,6 @@ def _sparkseal_cc_toolchain_impl(ctx):
         cc = SparksealCcInfo(
             files = depset(ctx.files.files),
             description = ctx.file.description,
-            packages = ctx.file.packages,
         ),
     )]
 
@@ -198,7 +197,6 @@ sparkseal_cc_toolchain = rule(
     attrs = {
         "files": attr.label(mandatory = True, allow_files = True),
         "description": attr.label(mandatory = True, allow_single_file = [".json"]),
-        "packages": attr.label(mandatory = True, allow_single_file = [".json"]),
     },
 )
 
