@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.bazel_remote import read_execution_log
-from tests.bazel_util import BAZEL, REPO, SCANNER_WORKSPACE, ZSTD_WORKSPACE, Workspace, base_env
+from tests.bazel_util import (
+    BASE_WORKSPACE,
+    BAZEL,
+    REPO,
+    SCANNER_WORKSPACE,
+    ZSTD_WORKSPACE,
+    Workspace,
+    base_env,
+)
 from tests.fixtures_debian import AptRepo, Exec, Link, lock_for, make_deb, sha256, write_lock
 
 pytestmark = [
@@ -33,18 +41,8 @@ COPIES = (
     "third_party/zstd",
 )
 WORKSPACE = (
-    """\
-workspace(name = "sparkseal")
-
-local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
-local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
-local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-local_repository(name = "rules_python", path = "third_party/bazel/rules_python")
-
-load("//rules:defs.bzl", "sparkseal_toolchains")
-
-sparkseal_toolchains()
-
+    BASE_WORKSPACE
+    + """
 load("//rules/private:debian.bzl", "debian_packages")
 
 debian_packages(name = "debian_fixture", lock = "//:fixture.lock.json")

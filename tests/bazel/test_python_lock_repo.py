@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bazel_util import BAZEL, REPO, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import BASE_WORKSPACE, BAZEL, REPO, Workspace, base_env, make_fixture_workspace
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 from tests.servers.fixture_index import FixtureIndex
 
@@ -26,18 +26,9 @@ REPO_CACHE = Path.home() / ".cache" / "sparkseal" / "repository"
 SITE = "opt/venv/lib/python3.11/site-packages"
 SO = b"\x7fELF fake torch extension"
 
-WORKSPACE = """\
-workspace(name = "sparkseal")
-
-local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")
-local_repository(name = "rules_java", path = "third_party/bazel/rules_java")
-local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
-local_repository(name = "rules_python", path = "third_party/bazel/rules_python")
-
-load("//rules:defs.bzl", "sparkseal_toolchains")
-
-sparkseal_toolchains()
-
+WORKSPACE = (
+    BASE_WORKSPACE
+    + """
 load("//rules/private:python_lock.bzl", "python_lock")
 
 python_lock(
@@ -83,6 +74,7 @@ load("@real_deps//:repositories.bzl", "real_deps_repositories")
 
 real_deps_repositories()
 """
+)
 
 VENV_BUILD = """\
 load("@python_deps//:requirements.bzl", "WHEELS_BY_LAYER", "wheel")

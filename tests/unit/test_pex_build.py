@@ -273,21 +273,13 @@ sparkseal_pex(
 @pytest.mark.bazel
 @pytest.mark.network
 def test_bazel_rule_builds_the_same_pex_as_the_program(tmp_path: Path, pex_wheel: Path) -> None:
-    from tests.bazel_util import BAZEL, Workspace, base_env, make_fixture_workspace
+    from tests.bazel_util import BASE_WORKSPACE, BAZEL, Workspace, base_env, make_fixture_workspace
 
     if BAZEL is None:
         pytest.skip("bazel is not installed (make setup installs it)")
     root = tmp_path / "ws"
     make_fixture_workspace(root)
-    (root / "WORKSPACE").write_text(
-        'workspace(name = "sparkseal")\n\n'
-        'local_repository(name = "rules_cc", path = "third_party/bazel/rules_cc")\n'
-        'local_repository(name = "rules_java", path = "third_party/bazel/rules_java")\n'
-        'local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")\n'
-        'local_repository(name = "rules_python", path = "third_party/bazel/rules_python")\n'
-        'load("//rules:defs.bzl", "sparkseal_toolchains")\n'
-        "sparkseal_toolchains()\n"
-    )
+    (root / "WORKSPACE").write_text(BASE_WORKSPACE)
     shutil.copytree(COMPLETE_PLATFORMS, root / "third_party/python/complete_platforms")
     wheels = _wheels(root / "app" / "wheels", beta_tag=AARCH64)
     pex_name = "pex-2.105.2-py3-none-any.whl"
