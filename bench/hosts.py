@@ -1,15 +1,17 @@
-"""Benchmark: the same image from two Linux hosts, Debian bookworm with Bazel 4.2.3 and Debian sid with
-Bazel 7.7.1 (WORKSPACE mode, ``--config=bazel7``), in the root ``.ci/setup-sid`` makes.
+"""Benchmark: the same image from Debian bookworm with Bazel 4.2.3 and from Debian sid with Bazel 7.7.1,
+in WORKSPACE mode (``--config=bazel7``) and with bzlmod (``--config=bzlmod``), in the root
+``.ci/setup-sid`` makes.
 
-    python3 bench/hosts.py [--platforms linux_aarch64 linux_x86_64] [--out bench/results/hosts.md]
+    python3 bench/hosts.py [--platforms linux_aarch64 linux_x86_64] [--hosts bookworm sid sid-bzlmod]
+        [--out bench/results/hosts.md]
 
 Each host builds, cold in a fresh copy of the checkout with its own output base (the user's repository
 cache, so no download is timed), both images and everything the provenance names: ``//:image`` and
 ``//:image_linux_x86_64`` (gzip layers), both PEXes, module manifests, SBOMs and provenances, with an
 execution log. The table gives each top-level artifact's sha256 from each host. The provenance differs by
-design: its builder records the Bazel release. The action comparison pairs every action of the two logs
-by mnemonic and outputs (Bazel 7 names its exec configuration differently, so ``bazel-out/<config>/`` is
-cut from paths) and counts those whose inputs (path and digest) are not the same on both hosts.
+design: its builder records the Bazel release. The action comparison pairs every action of the first
+host's log with each other's by mnemonic and outputs (Bazel 7 names its exec configuration differently, so
+``bazel-out/<config>/`` is cut from paths) and counts those whose inputs (path and digest) differ.
 """
 
 from __future__ import annotations
@@ -117,79 +119,116 @@ def build_here(scratch: Path, platforms: tuple[str, ...]) -> tuple[dict[str, str
     return found, log, seconds
 
 
-def build_in_sid(scratch: Path, platforms: tuple[str, ...]) -> tuple[dict[str, str], Path, float]:
-    """Sid, Bazel 7.7.1: the same, in the sid root (the checkout copy at the same path there)."""
-    ws = copy_checkout(REPO, scratch / "sid" / "sparkseal")
-    base, log, where = scratch / "sid" / "output-base", scratch / "sid.exec.json", scratch / "sid.bin"
+def build_in_sid(
+    scratch: Path, platforms: tuple[str, ...], config: str
+) -> tuple[dict[str, str], Path, float]:
+    """Sid, Bazel 7.7.1: the same, in the sid root (the checkout copy at the same path there), with
+    ``--config=<config>``: ``bazel7`` (WORKSPACE) or ``bzlmod`` (MODULE.bazel)."""
+    ws = copy_checkout(REPO, scratch / config / "sparkseal")
+    base, log = scratch / config / "output-base", scratch / f"{config}.exec.json"
+    where = scratch / f"{config}.bin"
     script = (
         f"set -eu\ncd {shlex.quote(str(ws))}\nstart=$(date +%s.%N)\n"
-        f"bazel --output_base={base} build --config=bazel7 --execution_log_json_file={log} "
+        f"bazel --output_base={base} build --config={config} --execution_log_json_file={log} "
         f"{' '.join(targets(platforms))}\n"
         f'end=$(date +%s.%N)\necho "seconds $start $end"\n'
-        f"bazel --output_base={base} info --config=bazel7 bazel-bin > {where}\n"
+        f"bazel --output_base={base} info --config={config} bazel-bin > {where}\n"
     )
     result = run_in_sid(script, [CACHE], {}, timeout=7200)
     if result.returncode != 0:
-        raise SystemExit(f"sid build failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
+        raise SystemExit(
+            f"sid build (--config={config}) failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+        )
     start, end = next(line for line in result.stdout.splitlines() if line.startswith("seconds ")).split()[1:]
     found = collect(Path(where.read_text().strip()), platforms)
-    remove_tree(scratch / "sid")
+    remove_tree(scratch / config)
     return found, log, float(end) - float(start)
+
+
+# The hosts a run can compare: name -> (column title, how it builds).
+HOSTS = {
+    "bookworm": ("bookworm, Bazel 4.2.3, WORKSPACE", build_here),
+    "sid": (
+        "sid, Bazel 7.7.1, WORKSPACE",
+        lambda scratch, platforms: build_in_sid(scratch, platforms, "bazel7"),
+    ),
+    "sid-bzlmod": (
+        "sid, Bazel 7.7.1, bzlmod",
+        lambda scratch, platforms: build_in_sid(scratch, platforms, "bzlmod"),
+    ),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hosts.md")
     parser.add_argument("--platforms", nargs="+", choices=PLATFORMS, default=list(PLATFORMS))
+    parser.add_argument("--hosts", nargs="+", choices=list(HOSTS), default=list(HOSTS))
     args = parser.parse_args()
-    platforms = tuple(args.platforms)
-    if not available():
+    platforms, hosts = tuple(args.platforms), list(dict.fromkeys(args.hosts))
+    if len(hosts) < 2:
+        raise SystemExit(f"--hosts: expected at least two of {', '.join(HOSTS)}, got {' '.join(hosts)}")
+    if not available() and any(h.startswith("sid") for h in hosts):
         raise SystemExit(f"{SID_ROOT}: expected the sid root of .ci/setup-sid, found none")
     scratch = CACHE / "bench-hosts"
     remove_tree(scratch)
     scratch.mkdir(parents=True)
+    found, seconds, logs = {}, {}, {}
     try:
-        here, here_log, here_s = build_here(scratch, platforms)
-        sid, sid_log, sid_s = build_in_sid(scratch, platforms)
-        rows = [(what, here[what], sid[what]) for what in here]
-        here_spawns, sid_spawns = spawns(here_log), spawns(sid_log)
-        common = sorted(set(here_spawns) & set(sid_spawns))
-        differing = [key for key in common if here_spawns[key] != sid_spawns[key]]
-        only = len(set(here_spawns) ^ set(sid_spawns))
+        for host in hosts:
+            found[host], log, seconds[host] = HOSTS[host][1](scratch, platforms)
+            logs[host] = spawns(log)
     finally:
         remove_tree(scratch)
+    first = hosts[0]
+    comparisons = []
+    for host in hosts[1:]:
+        common = sorted(set(logs[first]) & set(logs[host]))
+        differing = sorted({key[0] for key in common if logs[first][key] != logs[host][key]})
+        count = sum(1 for key in common if logs[first][key] != logs[host][key])
+        only = len(set(logs[first]) ^ set(logs[host]))
+        comparisons.append(
+            f"- {HOSTS[first][0]} against {HOSTS[host][0]}: {len(common)} actions in both logs, {count} with "
+            f"different inputs"
+            + (f" ({', '.join(differing)})" if differing else "")
+            + f", {only} in one log only."
+        )
+    times = ", ".join(f"{HOSTS[h][0]} {seconds[h]:.0f} s ({seconds[h] / seconds[first]:.2f})" for h in hosts)
     lines = [
-        "# The same image from two Linux hosts",
+        "# The same image from different Linux hosts and Bazel modes",
         "",
         f"- Date: {datetime.now(UTC):%Y-%m-%d}; command: "
-        f"`python3 bench/hosts.py --platforms {' '.join(platforms)}` (one run, each host cold in a fresh copy"
-        " of the checkout and output base, the user's repository cache shared; each host's output base"
-        " deleted before the other's build).",
+        f"`python3 bench/hosts.py --platforms {' '.join(platforms)} --hosts {' '.join(hosts)}` (one run, each"
+        " host cold in a fresh copy of the checkout and output base, the user's repository cache shared; each"
+        " host's output base deleted before the next one's build).",
         f"- Machine: {platform.machine()}, {os.cpu_count()} cores.",
-        "- Host A: Debian bookworm (Python 3.11, g++ 12, glibc 2.36), Bazel 4.2.3 (`bazel-bootstrap`), "
+        "- bookworm: Debian bookworm (Python 3.11, g++ 12, glibc 2.36), Bazel 4.2.3 (`bazel-bootstrap`), "
         "WORKSPACE.",
-        "- Host B: Debian sid root of `.ci/setup-sid` (Python 3.14, g++ 16, glibc 2.43), Bazel 7.7.1+ds-8+b1 "
-        "(`bazel-bootstrap`), WORKSPACE (`--config=bazel7`).",
+        "- sid: the Debian sid root of `.ci/setup-sid` (Python 3.14, g++ 16, glibc 2.43), "
+        "Bazel 7.7.1+ds-8+b1 (`bazel-bootstrap`): WORKSPACE with `--config=bazel7`, bzlmod (MODULE.bazel) "
+        "with `--config=bzlmod`.",
         f"- Targets: `{' '.join(targets(platforms))}` (gzip layers).",
         "",
-        "| artifact | bookworm, Bazel 4.2.3 | sid, Bazel 7.7.1 | equal |",
-        "|---|---|---|---|",
-        *(f"| {what} | `{a}` | `{b}` | {'yes' if a == b else '**no**'} |" for what, a, b in rows),
+        "| artifact | " + " | ".join(HOSTS[h][0] for h in hosts) + " | equal |",
+        "|---|" + "---|" * len(hosts) + "---|",
+        *(
+            f"| {what} | "
+            + " | ".join(f"`{found[h][what]}`" for h in hosts)
+            + f" | {'yes' if len({found[h][what] for h in hosts}) == 1 else '**no**'} |"
+            for what in found[first]
+        ),
         "",
-        f"Cold build times: bookworm {here_s:.0f} s, sid {sid_s:.0f} s (ratio sid/bookworm "
-        f"{sid_s / here_s:.2f}).",
-        "",
-        "Bazel 4.2.3 and 7.7.1 write their execution logs differently (7.7.1 lists a tool's runfiles as "
-        "inputs, 4.2.3 a runfiles middleman; exec configuration names differ), so the count below pairs "
-        "actions across releases, not hosts: the artifacts above are the comparison.",
-        "",
-        f"Actions in both execution logs: {len(common)}; with different inputs (path or digest, "
-        f"configuration names cut): {len(differing)}"
-        + (f" ({', '.join(sorted({k[0] for k in differing}))})" if differing else "")
-        + f"; actions in one log only: {only}.",
+        f"Cold build times (ratio to the first): {times}.",
         "",
         'The provenance records the Bazel release (4.2.3 against 7.7.1) by design; the row "without the '
         'Bazel release" compares the statements with that field blanked.',
+        "",
+        "Actions paired by mnemonic and outputs across the execution logs. Bazel 4.2.3 and 7.7.1 write their "
+        "logs differently (7.7.1 lists a tool's runfiles as inputs, 4.2.3 a runfiles middleman; exec "
+        "configuration names differ), so a pair across releases differs in its inputs' paths whatever the "
+        "host; the artifacts above are the comparison.",
+        "",
+        *comparisons,
     ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

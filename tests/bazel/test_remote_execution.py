@@ -56,13 +56,25 @@ class Executor:
             "--config=rbe",
             f"--remote_executor={self.server.url}",
             f"--remote_instance_name={self.server.instance}",
+            # One channel: about 100 requests in flight instead of Bazel's default of about 10,000. The
+            # kernels action has some 12,000 inputs, and a single-process test server answered some of
+            # the uploads of that many concurrent streams with CANCELLED, which Bazel does not retry.
+            "--remote_max_connections=1",
         ]
 
-    def leases(self) -> list[str]:
-        """One line per action the bots have started so far."""
-        return [
-            line for log in self.bot_logs for line in log.read_text().splitlines() if " platform " in line
-        ]
+    def _lease_lines(self) -> list[list[str]]:
+        logs = [log.read_text().splitlines() for log in self.bot_logs]
+        return [[line for line in lines if " platform " in line] for lines in logs]
+
+    def mark(self) -> list[int]:
+        """How many actions each bot has started so far (for :meth:`leases_since`)."""
+        return [len(lines) for lines in self._lease_lines()]
+
+    def leases_since(self, mark: list[int]) -> list[str]:
+        """One line per action the bots started after ``mark``: counted per bot, because the bots' logs
+        grow independently and a slice of their concatenation would pick up one bot's old lines."""
+        per_bot = zip(self._lease_lines(), mark, strict=True)
+        return [line for lines, start in per_bot for line in lines[start:]]
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +128,11 @@ def test_fixture_wheels_built_by_remote_workers_equal_the_local_build(
     local = {p: _sha(fixtures.local.ws.bin_path(rel)) for p, rel in FIXTURE_WHEELS.items()}
 
     fixtures.remote.configure()
-    before = len(executor.leases())
+    before = executor.mark()
     result = fixtures.remote.ws.bazel("build", *executor.flags(), *FIXTURE_TARGETS, timeout=BUILD_TIMEOUT)
     assert result.returncode == 0, result.output
     assert spawned_processes(result.output) == {"remote": local_actions}, result.output
-    leases = executor.leases()[before:]
+    leases = executor.leases_since(before)
     assert len(leases) == local_actions, "\n".join(leases)
     for line in leases:
         assert re.search(rf": lease \S+ platform {PLATFORM} program \S+$", line), line
@@ -155,14 +167,14 @@ def _remote_clone_build(
         repository_cache=real_workspace.repository_cache,
         env=base_env(),
     )
-    before = len(executor.leases())
+    before = executor.mark()
     try:
         result = clone.bazel("build", *executor.flags(), "--verbose_failures", target, timeout=BUILD_TIMEOUT)
         assert result.returncode == 0, result.output
         return (
             expected,
             _sha(clone.bin_path(output)),
-            executor.leases()[before:],
+            executor.leases_since(before),
             spawned_processes(result.output),
         )
     finally:
