@@ -17,13 +17,20 @@ BuildSettingInfo = provider(
     fields = {"value": "string"},
 )
 
+# The Bazel release recorded in the provenance when `--//rules:bazel_version` names none. Debian's
+# bazel-bootstrap builds report no release (`native.bazel_version` is empty, `bazel info release` says
+# "development version"), so it is told from what the running Bazel's Starlark offers: of the two releases
+# this repository supports, only 7.7.1 has `native.package_relative_label` (Bazel 6.2 and later), in
+# WORKSPACE mode and under bzlmod alike. Any other release must be named with the setting.
+DETECTED_BAZEL_RELEASE = "7.7.1" if hasattr(native, "package_relative_label") else "4.2.3"
+
 def _bazel_version_impl(ctx):
-    return [BuildSettingInfo(value = ctx.build_setting_value)]
+    return [BuildSettingInfo(value = ctx.build_setting_value or DETECTED_BAZEL_RELEASE)]
 
 bazel_version = rule(
     implementation = _bazel_version_impl,
-    doc = "The Bazel release a build runs on, recorded in the provenance's builder: declared, not read, " +
-          "since Debian's bazel-bootstrap reports none (`--config=bazel7` sets 7.7.1).",
+    doc = "The Bazel release a build runs on, recorded in the provenance's builder: the supported release " +
+          "told from the running Bazel (DETECTED_BAZEL_RELEASE) unless the flag names one.",
     build_setting = config.string(flag = True),
 )
 

@@ -82,6 +82,9 @@ step fixture_twice bazel --output_base={fixture_base} query --config=bzlmod //th
 cd {real}
 step real_build bazel --output_base={real_base} build {target}
 step real_bin bazel --output_base={real_base} info bazel-bin
+step real_release bazel --output_base={real_base} cquery --output=starlark \\
+    --starlark:expr='[p.value for k, p in providers(target).items() if k.endswith("%BuildSettingInfo")]' \\
+    //rules:bazel_version
 step real_query bazel --output_base={real_base} query --incompatible_disallow_empty_glob --output=build //...
 step mod_graph bazel --output_base={real_base} mod graph --include_builtin
 step mod_deps bazel --output_base={real_base} mod deps
@@ -221,6 +224,11 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
         )
         real_wheel = Path(steps.ok("real_bin").strip().splitlines()[-1]) / REAL_WHEEL
         assert _sha256(real_wheel) == host_real_sha, "vLLM wheel: bzlmod/7.7.1 differs from WORKSPACE/4.2.3"
+        # The provenance's builder records the release that runs (Debian's Bazel reports none), no flag given.
+        release = steps.ok("real_release").strip().splitlines()[-1]
+        assert release == '["7.7.1"]', (
+            f"//rules:bazel_version under plain bzlmod: expected 7.7.1, got {release}"
+        )
         # Every BUILD file loads; the hubs' labels name the extension's repositories (canonical labels, as
         # the main repository imports only the hubs), the installer that rules name themselves is imported.
         query = steps.ok("real_query")
