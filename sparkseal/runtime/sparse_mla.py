@@ -6,6 +6,10 @@ The op calls ``sparkseal_sparse_mla_decode`` of the kernel library (a plain C AB
 ``torch.compile``, and it only enqueues kernels (its float32 workspace comes from PyTorch's
 caching allocator), so it can be captured in a CUDA graph.
 
+``torch.ops.sparkseal.sparse_mla_decode_into`` is the same call writing a caller's buffers
+(``mutates_args=("out", "lse")``): vLLM's attention layers own their output buffer, and writing it
+directly saves the copy of a fresh ``out`` into it at every layer.
+
 Every argument is checked on the host before the kernel runs (:func:`check_inputs`, which needs
 neither a GPU nor the library). Index *values* are not read on the host: the kernel skips any
 index outside ``[0, num_pages * page_size)`` exactly like ``-1``.
@@ -347,6 +351,20 @@ def _fill_params(
     return p
 
 
+def _caches(
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    extra_cache: torch.Tensor | None,
+    extra_indices: torch.Tensor | None,
+    extra_topk_length: torch.Tensor | None,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    caches = [(cache, indices, topk_length)]
+    if extra_cache is not None and extra_indices is not None:
+        caches.append((extra_cache, extra_indices, extra_topk_length))
+    return caches
+
+
 def plan(
     q: torch.Tensor,
     cache: torch.Tensor,
@@ -364,9 +382,7 @@ def plan(
         q, cache, indices, 1.0, layout, extra_cache=extra_cache, extra_indices=extra_indices, qk=qk
     )
     lib = _library()
-    caches = [(cache, indices, None)]
-    if extra_cache is not None and extra_indices is not None:
-        caches.append((extra_cache, extra_indices, None))
+    caches = _caches(cache, indices, None, extra_cache, extra_indices, None)
     params = _fill_params(spec, q, caches, 1.0, None, num_splits, max_smem_bytes, qk)
     result = Plan()
     with torch.cuda.device(q.device):
@@ -374,6 +390,111 @@ def plan(
             lib, lib.sparkseal_sparse_mla_plan_decode(params, result), "sparkseal_sparse_mla_plan_decode"
         )
     return result
+
+
+def _check_call(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    extra_cache: torch.Tensor | None,
+    extra_indices: torch.Tensor | None,
+    extra_topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    softmax_scale: float,
+    layout: str,
+    num_splits: int,
+    max_smem_bytes: int,
+    qk: str,
+) -> DecodeSpec:
+    """:func:`check_inputs` and the launch knobs, in the ops' argument order.
+
+    Both the wrappers and the ops' implementations (real and fake) call it: ``torch.ops.sparkseal.*`` can
+    be called without the wrappers, and the wrappers must name a bad CPU tensor before the dispatcher
+    finds no CPU kernel.
+    """
+    spec = check_inputs(
+        q,
+        cache,
+        indices,
+        softmax_scale,
+        layout,
+        topk_length,
+        extra_cache,
+        extra_indices,
+        extra_topk_length,
+        attn_sink,
+        qk,
+    )
+    if num_splits < 0:
+        raise _fail("num_splits", ">= 0", num_splits)
+    if max_smem_bytes < 0:
+        raise _fail("max_smem_bytes", ">= 0", max_smem_bytes)
+    return spec
+
+
+def check_outputs(spec: DecodeSpec, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Validate the buffers :func:`sparse_mla_decode_into` writes; like :func:`check_inputs`, on any device.
+
+    The kernel takes row strides (``sparse_mla.h``), but the binding passes those of contiguous
+    ``[T, H, 512]`` and ``[T, H]`` tensors and asks for exactly that: vLLM's output buffers are contiguous,
+    and a strided ``out`` would need alignment rules per QK^T path (the e4m3 kernels store 4 bf16 values at
+    a time) that no caller has needed.
+    """
+    shape = [spec.num_tokens, spec.num_heads]
+    for name, tensor, dtype, dims in (
+        ("out", out, torch.bfloat16, [*shape, V_DIM]),
+        ("lse", lse, torch.float32, shape),
+    ):
+        if tensor.dtype != dtype:
+            raise _fail(f"{name}.dtype", str(dtype), tensor.dtype)
+        if tensor.device != q.device:
+            raise _fail(f"{name}.device", f"{q.device} (the device of q)", tensor.device)
+        if list(tensor.shape) != dims:
+            raise _fail(f"{name}.shape", f"{dims} (q's tokens and heads)", list(tensor.shape))
+        if not tensor.is_contiguous():
+            raise _fail(name, "a contiguous tensor", f"strides {tensor.stride()}")
+
+
+def _launch(
+    spec: DecodeSpec,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    caches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+    attn_sink: torch.Tensor | None,
+    softmax_scale: float,
+    num_splits: int,
+    max_smem_bytes: int,
+    qk: str,
+) -> None:
+    """Plan and enqueue one checked call writing ``out`` and ``lse``, on q's device's current stream.
+
+    The split workspace comes from PyTorch's caching allocator, so under CUDA-graph capture it is the
+    graph's own memory.
+    """
+    if spec.num_tokens == 0:
+        return
+    # The library checks 4 bytes (sparse_mla.h); its e4m3 QK^T kernels store 8 at a time. Buffers the
+    # caching allocator hands out are aligned far beyond; only an offset view can miss.
+    if out.data_ptr() % 8 != 0:
+        raise _fail("out data pointer", "an 8-byte aligned address", hex(out.data_ptr()))
+    lib = _library()
+    params = _fill_params(spec, q, caches, softmax_scale, attn_sink, num_splits, max_smem_bytes, qk)
+    params.out = out.data_ptr()
+    params.lse = lse.data_ptr()
+    with torch.cuda.device(q.device):
+        result = Plan()
+        _raise_on_error(
+            lib, lib.sparkseal_sparse_mla_plan_decode(params, result), "sparkseal_sparse_mla_plan_decode"
+        )
+        workspace = None
+        if result.workspace_bytes > 0:
+            workspace = torch.empty(result.workspace_bytes, dtype=torch.uint8, device=q.device)
+            params.workspace = workspace.data_ptr()
+            params.workspace_bytes = result.workspace_bytes
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _raise_on_error(lib, lib.sparkseal_sparse_mla_decode(params, stream), "sparkseal_sparse_mla_decode")
 
 
 @torch.library.custom_op("sparkseal::sparse_mla_decode", mutates_args=(), device_types="cuda")
@@ -392,42 +513,25 @@ def _sparse_mla_decode_op(
     max_smem_bytes: int,
     qk: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    spec = check_inputs(
+    spec = _check_call(
         q,
         cache,
         indices,
-        softmax_scale,
-        layout,
         topk_length,
         extra_cache,
         extra_indices,
         extra_topk_length,
         attn_sink,
+        softmax_scale,
+        layout,
+        num_splits,
+        max_smem_bytes,
         qk,
     )
     out = torch.empty(spec.num_tokens, spec.num_heads, V_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(spec.num_tokens, spec.num_heads, dtype=torch.float32, device=q.device)
-    if spec.num_tokens == 0:
-        return out, lse
-    lib = _library()
-    caches = [(cache, indices, topk_length)]
-    if extra_cache is not None and extra_indices is not None:
-        caches.append((extra_cache, extra_indices, extra_topk_length))
-    params = _fill_params(spec, q, caches, softmax_scale, attn_sink, num_splits, max_smem_bytes, qk)
-    params.out = out.data_ptr()
-    params.lse = lse.data_ptr()
-    with torch.cuda.device(q.device):
-        result = Plan()
-        _raise_on_error(
-            lib, lib.sparkseal_sparse_mla_plan_decode(params, result), "sparkseal_sparse_mla_plan_decode"
-        )
-        workspace = None
-        if result.workspace_bytes > 0:
-            workspace = torch.empty(result.workspace_bytes, dtype=torch.uint8, device=q.device)
-            params.workspace = workspace.data_ptr()
-            params.workspace_bytes = result.workspace_bytes
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        _raise_on_error(lib, lib.sparkseal_sparse_mla_decode(params, stream), "sparkseal_sparse_mla_decode")
+    caches = _caches(cache, indices, topk_length, extra_cache, extra_indices, extra_topk_length)
+    _launch(spec, out, lse, q, caches, attn_sink, softmax_scale, num_splits, max_smem_bytes, qk)
     return out, lse
 
 
@@ -447,22 +551,104 @@ def _sparse_mla_decode_fake(
     max_smem_bytes: int,
     qk: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    spec = check_inputs(
+    spec = _check_call(
         q,
         cache,
         indices,
-        softmax_scale,
-        layout,
         topk_length,
         extra_cache,
         extra_indices,
         extra_topk_length,
         attn_sink,
+        softmax_scale,
+        layout,
+        num_splits,
+        max_smem_bytes,
         qk,
     )
     out = q.new_empty(spec.num_tokens, spec.num_heads, V_DIM)
     lse = q.new_empty(spec.num_tokens, spec.num_heads, dtype=torch.float32)
     return out, lse
+
+
+# The in-place variant: vLLM hands each layer a preallocated output buffer, which the allocating op can
+# only fill with a second kernel (a copy). Declaring the writes in mutates_args keeps torch.compile's
+# functionalisation and CUDA-graph capture correct: the graph records the kernel writing into the
+# caller's buffer, so a replay refreshes that buffer.
+@torch.library.custom_op(
+    "sparkseal::sparse_mla_decode_into", mutates_args=("out", "lse"), device_types="cuda"
+)
+def _sparse_mla_decode_into_op(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    extra_cache: torch.Tensor | None,
+    extra_indices: torch.Tensor | None,
+    extra_topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    softmax_scale: float,
+    layout: str,
+    num_splits: int,
+    max_smem_bytes: int,
+    qk: str = "auto",
+) -> None:
+    spec = _check_call(
+        q,
+        cache,
+        indices,
+        topk_length,
+        extra_cache,
+        extra_indices,
+        extra_topk_length,
+        attn_sink,
+        softmax_scale,
+        layout,
+        num_splits,
+        max_smem_bytes,
+        qk,
+    )
+    check_outputs(spec, q, out, lse)
+    caches = _caches(cache, indices, topk_length, extra_cache, extra_indices, extra_topk_length)
+    _launch(spec, out, lse, q, caches, attn_sink, softmax_scale, num_splits, max_smem_bytes, qk)
+
+
+@_sparse_mla_decode_into_op.register_fake
+def _sparse_mla_decode_into_fake(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    extra_cache: torch.Tensor | None,
+    extra_indices: torch.Tensor | None,
+    extra_topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    softmax_scale: float,
+    layout: str,
+    num_splits: int,
+    max_smem_bytes: int,
+    qk: str = "auto",
+) -> None:
+    spec = _check_call(
+        q,
+        cache,
+        indices,
+        topk_length,
+        extra_cache,
+        extra_indices,
+        extra_topk_length,
+        attn_sink,
+        softmax_scale,
+        layout,
+        num_splits,
+        max_smem_bytes,
+        qk,
+    )
+    check_outputs(spec, q, out, lse)
 
 
 def sparse_mla_decode(
@@ -492,25 +678,11 @@ def sparse_mla_decode(
     (0 = automatic) and ``max_smem_bytes`` (0 = the device's limit) steer the kernel choice; ``qk``
     picks the QK^T path of the fp8 layouts (:data:`QK_MODES`: "auto" is the library's measured
     default; "fp8" trades accuracy for speed, see ``bench/results/sparse_mla.md``).
+
+    The arguments are checked here as well as in the op: the op has no CPU kernel, so a CPU tensor
+    would otherwise fail in the dispatcher without naming the argument.
     """
-    check_inputs(
-        q,
-        cache,
-        indices,
-        softmax_scale,
-        layout,
-        topk_length,
-        extra_cache,
-        extra_indices,
-        extra_topk_length,
-        attn_sink,
-        qk,
-    )
-    if num_splits < 0:
-        raise _fail("num_splits", ">= 0", num_splits)
-    if max_smem_bytes < 0:
-        raise _fail("max_smem_bytes", ">= 0", max_smem_bytes)
-    return torch.ops.sparkseal.sparse_mla_decode(
+    args = (
         q,
         cache,
         indices,
@@ -525,3 +697,55 @@ def sparse_mla_decode(
         max_smem_bytes,
         qk,
     )
+    _check_call(*args)
+    return torch.ops.sparkseal.sparse_mla_decode(*args)
+
+
+def sparse_mla_decode_into(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    softmax_scale: float,
+    layout: str,
+    topk_length: torch.Tensor | None = None,
+    extra_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    num_splits: int = 0,
+    max_smem_bytes: int = 0,
+    qk: str = "auto",
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`sparse_mla_decode` writing into ``out`` (bf16, contiguous ``[T, H, 512]``); returns ``lse``.
+
+    For callers that own the output buffer (vLLM's attention layers): the kernel writes it directly, so
+    there is no second kernel copying a fresh tensor into it, and a CUDA graph captured around the call
+    keeps writing the caller's buffer on replay. ``lse`` (float32, contiguous ``[T, H]``) is allocated
+    when not given, because the kernel always writes the log-sum-exp: the library refuses a null ``lse``
+    pointer. ``out`` must not overlap the inputs: the kernel's CTAs write rows of ``out`` while others
+    still read ``q``.
+    """
+    args = (
+        q,
+        cache,
+        indices,
+        topk_length,
+        extra_cache,
+        extra_indices,
+        extra_topk_length,
+        attn_sink,
+        float(softmax_scale),
+        layout,
+        num_splits,
+        max_smem_bytes,
+        qk,
+    )
+    spec = _check_call(*args)
+    if lse is None:
+        lse = torch.empty(spec.num_tokens, spec.num_heads, dtype=torch.float32, device=q.device)
+    check_outputs(spec, q, out, lse)
+    torch.ops.sparkseal.sparse_mla_decode_into(out, lse, *args)
+    return lse

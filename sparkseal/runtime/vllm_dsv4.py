@@ -9,7 +9,8 @@ in 584-byte fp8 records, prefill, and the output projection. Our patch
 ``--attention-backend CUSTOM``; :func:`attention_class` derives a class that keeps all of it and
 replaces only ``_forward_decode``: every decode row (speculative rows included) attends the window
 cache, the layer's compressed cache and the attention sink in one call of
-``torch.ops.sparkseal.sparse_mla_decode``. Prefill stays on the base class (FlashMLA's sparse prefill
+``torch.ops.sparkseal.sparse_mla_decode_into``, which writes the layer's output buffer directly, as
+FlashMLA's kernel does (no copy per layer). Prefill stays on the base class (FlashMLA's sparse prefill
 kernel on an H200, FlashInfer's on GB10).
 
 The rows are computed by the same vLLM functions the base classes call, so both kernels see identical
@@ -26,7 +27,7 @@ import torch
 from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
 
 from sparkseal.runtime import sparse_mla_vllm as rules
-from sparkseal.runtime.sparse_mla import sparse_mla_decode
+from sparkseal.runtime.sparse_mla import sparse_mla_decode, sparse_mla_decode_into
 
 # vLLM configures only its own logger tree; the plugin logs under it too.
 logger = logging.getLogger("vllm.sparkseal")
@@ -67,6 +68,28 @@ class SparksealDecode:
         swa_only: bool,
         output: torch.Tensor,
     ) -> None:
+        args = self.sparkseal_decode_args(q, kv_cache, swa_metadata, attn_metadata, swa_only, output.shape[1])
+        if output.is_contiguous():
+            sparse_mla_decode_into(output, **args)
+        else:
+            # vLLM 0.25.1 hands over a prefix of the layer's contiguous [tokens, padded_heads, 512] buffer
+            # (DeepseekV4MLAAttention.forward's o_padded), so this is only a guard for other callers.
+            output.copy_(sparse_mla_decode(**args)[0])
+
+    def sparkseal_decode_args(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        swa_metadata: Any,
+        attn_metadata: Any,
+        swa_only: bool,
+        heads: int,
+    ) -> dict[str, Any]:
+        """The kernel's keyword arguments for this step's decode rows (``heads``: the output's padded heads).
+
+        Apart from ``_forward_decode`` so that ``bench/vllm_backend/dsv4_decode.py`` can time the same rows
+        through the allocating op and a copy, the path before the in-place op.
+        """
         tokens = swa_metadata.num_decode_tokens
         extra_cache = extra_indices = extra_lengths = None
         if not swa_only:
@@ -88,20 +111,19 @@ class SparksealDecode:
                 # C128A: rows vLLM's metadata builder computed once for every such layer.
                 extra_indices = attn_metadata.c128a_global_decode_topk_indices
                 extra_lengths = attn_metadata.c128a_decode_topk_lens
-        out, _ = sparse_mla_decode(
-            padded_query(q, output.shape[1]),
-            self.swa_cache_layer.kv_cache,
-            swa_metadata.decode_swa_indices,
-            softmax_scale=self.scale,
-            layout=rules.DSV4_LAYOUT.name,
-            topk_length=swa_metadata.decode_swa_lens,
-            extra_cache=extra_cache,
-            extra_indices=extra_indices,
-            extra_topk_length=extra_lengths,
-            attn_sink=self.attn_sink,
-            max_smem_bytes=self.sparkseal_max_smem_bytes,
-        )
-        output.copy_(out)
+        return {
+            "q": padded_query(q, heads),
+            "cache": self.swa_cache_layer.kv_cache,
+            "indices": swa_metadata.decode_swa_indices,
+            "softmax_scale": self.scale,
+            "layout": rules.DSV4_LAYOUT.name,
+            "topk_length": swa_metadata.decode_swa_lens,
+            "extra_cache": extra_cache,
+            "extra_indices": extra_indices,
+            "extra_topk_length": extra_lengths,
+            "attn_sink": self.attn_sink,
+            "max_smem_bytes": self.sparkseal_max_smem_bytes,
+        }
 
 
 @functools.cache

@@ -464,3 +464,120 @@ def test_fp8_qk_is_deterministic_and_graph_capturable(sparse_mla: ModuleType) ->
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(graph_out, sparse_mla.sparse_mla_decode(**args, qk="fp8")[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# sparkseal::sparse_mla_decode_into: the same kernels writing the caller's buffers
+# ---------------------------------------------------------------------------------------------
+INTO_CASES = [
+    (Case("v4_fp8", 64, 512, 8, minus_one=True, lengths=True, sink=True), "auto"),
+    (Case("v4_fp8", 64, 128, 8, lengths=True, extra_topk=512, sink=True, extra_page_size=2), "auto"),
+    (Case("v32_fp8", 16, 2048, 2, minus_one=True), "auto"),
+    (Case("v32_fp8", 32, 512, 8, lengths=True, extra_topk=64, max_smem=SMALL_SMEM), "auto"),
+    (Case("v32_bf16", 128, 512, 4, sink=True), "auto"),
+    (Case("v32_bf16", 32, 512, 8, lengths=True, extra_topk=64, splits=5), "auto"),
+    # The e4m3 kernels store 8 bytes at a time, the split combine 4.
+    (Case("v4_fp8", 64, 512, 8, minus_one=True, extra_topk=128, sink=True, max_smem=SMALL_SMEM), "fp8"),
+    (Case("v32_fp8", 128, 2048, 1, minus_one=True, splits=37), "fp8x2"),
+]
+
+
+def _into_buffers(case: Case, spare_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` and ``lse`` as a prefix of larger buffers filled with a sentinel, the way vLLM hands a
+    layer the first rows of its output."""
+    out = torch.full((case.batch + spare_rows, case.heads, 512), 7.0, dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((case.batch + spare_rows, case.heads), 7.0, device="cuda")
+    return out, lse
+
+
+@pytest.mark.parametrize(("case", "qk"), INTO_CASES, ids=[f"{c}-{qk}" for c, qk in INTO_CASES])
+def test_in_place_op_equals_the_allocating_op(sparse_mla: ModuleType, case: Case, qk: str) -> None:
+    args = _make_inputs(case, seed=zlib.crc32(str(case).encode()))
+    knobs = {"num_splits": case.splits, "max_smem_bytes": case.max_smem, "qk": qk}
+    expected_out, expected_lse = sparse_mla.sparse_mla_decode(**args, **knobs)
+    out, lse = _into_buffers(case, spare_rows=3)
+    returned = sparse_mla.sparse_mla_decode_into(out[: case.batch], **args, **knobs, lse=lse[: case.batch])
+    torch.cuda.synchronize()
+    assert returned.data_ptr() == lse.data_ptr()
+    assert torch.equal(out[: case.batch], expected_out), f"{case}: out differs from the allocating op"
+    assert torch.equal(lse[: case.batch], expected_lse), f"{case}: lse differs from the allocating op"
+    assert bool((out[case.batch :] == 7).all() and (lse[case.batch :] == 7).all()), "rows past T written"
+    allocated = sparse_mla.sparse_mla_decode_into(out[: case.batch], **args, **knobs)
+    assert torch.equal(allocated, expected_lse)
+
+
+def test_in_place_op_in_a_cuda_graph(sparse_mla: ModuleType) -> None:
+    """Captured once, replayed with the next step's query and rows written into the captured inputs: the
+    caller's buffers hold what an eager call of the allocating op computes."""
+    for case in (
+        Case("v4_fp8", 64, 512, 4, lengths=True, extra_topk=128, sink=True),
+        Case("v32_fp8", 16, 2048, 64),
+    ):
+        args = _make_inputs(case, seed=31)
+        out, lse = _into_buffers(case)
+
+        def step(args: dict[str, object] = args, out: torch.Tensor = out, lse: torch.Tensor = lse) -> None:
+            sparse_mla.sparse_mla_decode_into(out, **args, lse=lse)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for seed in (1, 2):
+            fresh = _make_inputs(case, seed=seed)
+            for name, value in fresh.items():
+                if isinstance(value, torch.Tensor) and name not in ("cache", "extra_cache"):
+                    args[name].copy_(value)  # type: ignore[union-attr]
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager_out, eager_lse = sparse_mla.sparse_mla_decode(**args)
+            assert torch.equal(out, eager_out), f"{case}: replayed out differs from an eager call"
+            assert torch.equal(lse, eager_lse), f"{case}: replayed lse differs from an eager call"
+
+
+def test_torch_compile_functionalises_the_in_place_op(sparse_mla: ModuleType) -> None:
+    case = Case("v4_fp8", 16, 128, 3, lengths=True, sink=True)
+    args = _make_inputs(case, seed=9)
+
+    def step(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        torch.ops.sparkseal.sparse_mla_decode_into(
+            out,
+            lse,
+            q,
+            args["cache"],
+            args["indices"],
+            args["topk_length"],
+            None,
+            None,
+            None,
+            args["attn_sink"],
+            args["softmax_scale"],
+            "v4_fp8",
+            0,
+            0,
+        )
+        return out.float() * 2.0 + lse.unsqueeze(-1)
+
+    compiled = torch.compile(step, fullgraph=True)
+    eager_buffers, compiled_buffers = _into_buffers(case), _into_buffers(case)
+    torch.testing.assert_close(
+        compiled(*compiled_buffers, args["q"]), step(*eager_buffers, args["q"]), rtol=0, atol=0
+    )
+    assert torch.equal(compiled_buffers[0], eager_buffers[0]) and torch.equal(
+        compiled_buffers[1], eager_buffers[1]
+    )
+
+
+def test_in_place_op_refuses_an_out_its_kernels_cannot_store_to(sparse_mla: ModuleType) -> None:
+    case = Case("v4_fp8", 16, 128, 2)
+    args = _make_inputs(case, seed=3)
+    # Contiguous, 4-byte aligned (what the library checks), but not 8.
+    out = torch.empty(2 * 16 * 512 + 2, dtype=torch.bfloat16, device="cuda")[2:].view(2, 16, 512)
+    with pytest.raises(ValueError, match=r"out data pointer: expected an 8-byte aligned address, got 0x"):
+        sparse_mla.sparse_mla_decode_into(out, **args, qk="fp8")

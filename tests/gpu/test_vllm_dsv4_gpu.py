@@ -1,9 +1,10 @@
 """DeepSeek V4 decode through our derived attention class, against vLLM's FlashMLA class, on an H200.
 
 Runs ``bench/vllm_backend/dsv4_decode.py`` (window-only, C4A and C128A layers; speculative rows; the
-attention sink; a CUDA-graph replay with new rows) at the device's shared-memory limit and capped at
-GB10's 101376 bytes. Needs capability 9.0 (FlashMLA's V4 decode is the reference), vLLM importable (our
-wheel staged, see ``bench/vllm_backend/h200.sh``) and the kernel library. Run with ``pytest -m gpu``.
+attention sink; a CUDA-graph replay with new rows; the in-place write against the allocating op and a
+copy) at the device's shared-memory limit and capped at GB10's 101376 bytes. Needs capability 9.0
+(FlashMLA's V4 decode is the reference), vLLM importable (our wheel staged, see
+``bench/vllm_backend/h200.sh``) and the kernel library. Run with ``pytest -m gpu``.
 """
 
 from __future__ import annotations
@@ -49,3 +50,5 @@ def test_v4_decode_agrees_with_flashmla(h200_vllm: None, tmp_path: Path, max_sme
         assert r["flashmla_vs_ref"][0] < REL, r
         # A replayed graph computes exactly what an eager call computes on the same rows.
         assert r["graph_replay_vs_eager"] == [0.0, 0.0], r
+        # The class writes vLLM's buffer in place: bit for bit what the allocating op and a copy gave.
+        assert r["in_place_vs_copy"] == [0.0, 0.0], r

@@ -277,17 +277,20 @@ attn_meta = SimpleNamespace(
 seen4 = {}
 
 
-def fake_v4_kernel(q, cache, indices, *, softmax_scale, layout, topk_length, extra_cache, extra_indices,
-                   extra_topk_length, attn_sink, max_smem_bytes):
-    seen4.update(layout=layout, smem=max_smem_bytes, q=q, cache=cache, extra=extra_cache, sink=attn_sink)
-    return sparse_mla_ref.sparse_mla_decode_ref(
+def fake_v4_kernel(out, q, cache, indices, *, softmax_scale, layout, topk_length, extra_cache,
+                   extra_indices, extra_topk_length, attn_sink, max_smem_bytes):
+    seen4.update(layout=layout, smem=max_smem_bytes, q=q, cache=cache, extra=extra_cache, sink=attn_sink,
+                 out=out)
+    result, lse = sparse_mla_ref.sparse_mla_decode_ref(
         q, cache, indices.squeeze(1), softmax_scale, sparse_mla_ref.LAYOUTS[layout], topk_length=topk_length,
         extra_cache=extra_cache, extra_indices=extra_indices.squeeze(1), extra_topk_length=extra_topk_length,
         attn_sink=attn_sink,
     )
+    out.copy_(result)
+    return lse
 
 
-vllm_dsv4.sparse_mla_decode = fake_v4_kernel
+vllm_dsv4.sparse_mla_decode_into = fake_v4_kernel
 q4 = torch.randn(3, 16, 512, generator=gen).to(torch.bfloat16)
 output = torch.zeros(3, 64, 512, dtype=torch.bfloat16)
 layer._forward_decode(q4, c128a, swa_meta, attn_meta, False, output)
@@ -302,6 +305,7 @@ out["dsv4"]["decode"] = {
     "q_shape": list(seen4["q"].shape),
     "caches": [seen4["cache"] is layer.swa_cache_layer.kv_cache, seen4["extra"] is c128a],
     "sink": seen4["sink"] is layer.attn_sink,
+    "in_place": seen4["out"] is output,
     "out_close": bool(torch.allclose(output.float(), expected4, atol=1e-2, rtol=1e-2)),
 }
 # The start-up checks, on a stand-in for vLLM's class (its own needs an engine to be built).
@@ -383,7 +387,7 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
     assert dsv4["keeps_flashmla"] and dsv4["one_class"]
     decode = dsv4["decode"]
     assert decode["layout"] == "v4_fp8" and decode["smem"] == 101376 and decode["q_shape"] == [3, 64, 512]
-    assert decode["caches"] == [True, True] and decode["sink"]
+    assert decode["caches"] == [True, True] and decode["sink"] and decode["in_place"]
     assert decode["out_close"]
     assert dsv4["built"] == {"cap": 0, "bases": ["SparksealStandIn", "SparksealDecode", "StandIn", "object"]}
     assert dsv4["refused"]["heads"].startswith(

@@ -1,4 +1,5 @@
-"""Argument checks and the fake implementation of sparkseal::sparse_mla_decode (CPU and meta tensors).
+"""Argument checks and the fake implementations of sparkseal::sparse_mla_decode and its in-place variant
+sparkseal::sparse_mla_decode_into (CPU and meta tensors).
 
 None of these need a GPU or the kernel library.
 """
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from sparkseal.runtime import sparse_mla
-from sparkseal.runtime.sparse_mla import check_inputs, sparse_mla_decode
+from sparkseal.runtime.sparse_mla import check_inputs, sparse_mla_decode, sparse_mla_decode_into
 from sparkseal.runtime.sparse_mla_ref import LAYOUTS, PAGE_SIZE, Layout
 
 HEADER = Path(__file__).resolve().parents[2] / "kernels_sm121" / "include" / "sparkseal" / "sparse_mla.h"
@@ -233,6 +234,138 @@ def test_fake_implementation_checks_too() -> None:
             0,
             0,
         )
+
+
+WHERE = "sparkseal/runtime/sparse_mla.py: sparkseal::sparse_mla_decode: "
+
+
+def _buffers(tokens: int = 3, heads: int = 16, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=device)
+    return out, torch.empty(tokens, heads, dtype=torch.float32, device=device)
+
+
+@pytest.mark.parametrize(
+    ("out", "lse", "message"),
+    [
+        (
+            torch.zeros(3, 16, 512),
+            None,
+            "out.dtype: expected torch.bfloat16, got torch.float32",
+        ),
+        (
+            torch.zeros(3, 16, 512, dtype=torch.bfloat16, device="meta"),
+            None,
+            "out.device: expected cpu (the device of q), got meta",
+        ),
+        (
+            torch.zeros(3, 64, 512, dtype=torch.bfloat16),
+            None,
+            "out.shape: expected [3, 16, 512] (q's tokens and heads), got [3, 64, 512]",
+        ),
+        (
+            torch.zeros(3, 16, 576, dtype=torch.bfloat16),
+            None,
+            "out.shape: expected [3, 16, 512] (q's tokens and heads), got [3, 16, 576]",
+        ),
+        (
+            torch.zeros(16, 3, 512, dtype=torch.bfloat16).transpose(0, 1),
+            None,
+            "out: expected a contiguous tensor, got strides (512, 1536, 1)",
+        ),
+        (
+            # vLLM's buffer padded to 64 heads, sliced to the 16 of q: the kernel could write it, the
+            # binding does not take it.
+            torch.zeros(3, 64, 512, dtype=torch.bfloat16)[:, :16],
+            None,
+            "out: expected a contiguous tensor, got strides (32768, 512, 1)",
+        ),
+        (
+            torch.zeros(3, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(3, 16, dtype=torch.bfloat16),
+            "lse.dtype: expected torch.float32, got torch.bfloat16",
+        ),
+        (
+            torch.zeros(3, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(3, 16, 1),
+            "lse.shape: expected [3, 16] (q's tokens and heads), got [3, 16, 1]",
+        ),
+        (
+            torch.zeros(3, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(16, 3).t(),
+            "lse: expected a contiguous tensor, got strides (1, 3)",
+        ),
+        (
+            torch.zeros(3, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(3, 16, device="meta"),
+            "lse.device: expected cpu (the device of q), got meta",
+        ),
+    ],
+)
+def test_in_place_buffers_are_checked_before_dispatch(
+    out: torch.Tensor, lse: torch.Tensor | None, message: str
+) -> None:
+    args = _inputs(LAYOUTS["v4_fp8"])
+    with pytest.raises(ValueError) as info:
+        sparse_mla_decode_into(out, **args, softmax_scale=0.1, layout="v4_fp8", lse=lse)
+    assert str(info.value) == WHERE + message
+
+
+def test_in_place_inputs_are_checked_like_the_allocating_op() -> None:
+    args = _inputs(LAYOUTS["v32_fp8"])
+    out, _ = _buffers()
+    with pytest.raises(ValueError) as info:
+        sparse_mla_decode_into(out, **args, softmax_scale=0.1, layout="v32_fp8", max_smem_bytes=-1)
+    assert str(info.value) == WHERE + "max_smem_bytes: expected >= 0, got -1"
+    with pytest.raises(ValueError) as info:
+        sparse_mla_decode_into(out, **{**args, "q": args["q"].half()}, softmax_scale=0.1, layout="v32_fp8")
+    assert str(info.value) == WHERE + "q.dtype: expected torch.bfloat16, got torch.float16"
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_in_place_fake_implementation_on_meta(name: str) -> None:
+    args = _inputs(LAYOUTS[name], tokens=6, heads=64, device="meta")
+    out, lse = _buffers(6, 64, "meta")
+    assert sparse_mla_decode_into(out, **args, softmax_scale=0.1, layout=name, lse=lse) is lse
+    allocated = sparse_mla_decode_into(out, **args, softmax_scale=0.1, layout=name)
+    assert (allocated.shape, allocated.dtype, allocated.device.type) == ((6, 64), torch.float32, "meta")
+
+
+def test_in_place_fake_implementation_checks_the_buffers_too() -> None:
+    args = _inputs(LAYOUTS["v4_fp8"], device="meta")
+    out, lse = _buffers(device="meta")
+    with pytest.raises(ValueError) as info:
+        torch.ops.sparkseal.sparse_mla_decode_into(
+            out[:2], lse, args["q"], args["cache"], args["indices"], *[None] * 5, 0.1, "v4_fp8", 0, 0
+        )
+    assert (
+        str(info.value) == WHERE + "out.shape: expected [3, 16, 512] (q's tokens and heads), got [2, 16, 512]"
+    )
+
+
+def test_in_place_op_declares_what_it_writes() -> None:
+    schema = torch.ops.sparkseal.sparse_mla_decode_into.default._schema
+    written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert written == ["out", "lse"]
+    assert schema.returns == []
+    assert all(a.alias_info is None for a in torch.ops.sparkseal.sparse_mla_decode.default._schema.arguments)
+
+
+def test_in_place_op_passes_opcheck_on_meta() -> None:
+    """Schema, fake-tensor and AOT-dispatch checks (torch.compile functionalises the writes into
+    auto_functionalized and copies them back); meta tensors carry no values, so the kernel is not run."""
+    layout = LAYOUTS["v4_fp8"]
+    args = _inputs(layout, device="meta")
+    out, lse = _buffers(device="meta")
+    extra = torch.zeros(9, 2, layout.record_elems, dtype=torch.uint8, device="meta")
+    lengths = torch.zeros(3, dtype=torch.int32, device="meta")
+    sink = torch.zeros(16, device="meta")
+    op = torch.ops.sparkseal.sparse_mla_decode_into.default
+    for tail in (
+        (None, None, None, None, None),
+        (lengths, extra, torch.zeros(3, 64, dtype=torch.int32, device="meta"), lengths, sink),
+    ):
+        call = (out, lse, args["q"], args["cache"], args["indices"], *tail, 0.1, "v4_fp8", 0, 0, "auto")
+        torch.library.opcheck(op, call)
 
 
 def _header_fields(struct: str) -> list[str]:

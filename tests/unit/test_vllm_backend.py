@@ -231,8 +231,64 @@ def test_a_compressed_v4_layer_without_metadata_is_an_error(vllm_dsv4) -> None: 
     layer.prefix, layer.compress_ratio = "model.layers.2.attn", 4
     meta = type("Meta", (), {"num_decode_tokens": 1, "is_valid_token": None})()
     with pytest.raises(RuntimeError) as raised:
-        layer._forward_decode(torch.zeros(1, 64, 512), torch.zeros(1), meta, None, False, torch.zeros(1))
+        layer._forward_decode(
+            torch.zeros(1, 64, 512), torch.zeros(1), meta, None, False, torch.zeros(1, 64, 512)
+        )
     assert (
         str(raised.value)
         == f"{rules.DSV4_WHERE}: model.layers.2.attn: a compressed layer without its metadata"
     )
+
+
+def _window_layer(vllm_dsv4):  # type: ignore[no-untyped-def]
+    """A window-only V4 layer of our class, with what ``sparkseal_decode_args`` reads."""
+    from types import SimpleNamespace
+
+    class Base:
+        def _forward_decode(self, *args: object) -> None:
+            raise AssertionError("replaced by ours")
+
+    layer = object.__new__(vllm_dsv4.attention_class(Base))
+    layer.prefix, layer.compress_ratio, layer.scale = "model.layers.0.attn", 1, 0.05
+    layer.swa_cache_layer = SimpleNamespace(kv_cache=torch.zeros(2, 64, 584, dtype=torch.uint8))
+    layer.attn_sink, layer.sparkseal_max_smem_bytes = torch.zeros(64), 101376
+    meta = SimpleNamespace(
+        num_decode_tokens=2,
+        decode_swa_indices=torch.zeros(2, 1, 128, dtype=torch.int32),
+        decode_swa_lens=torch.ones(2, dtype=torch.int32),
+    )
+    return layer, meta
+
+
+def test_v4_decode_writes_vllms_output_buffer_in_place(vllm_dsv4, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    calls: list[tuple[str, torch.Tensor]] = []
+
+    def into(
+        out: torch.Tensor, q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, **kw: object
+    ) -> torch.Tensor:
+        calls.append(("into", out))
+        out.fill_(1.0)
+        return torch.zeros(out.shape[:2])
+
+    def allocating(
+        q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, **kw: object
+    ) -> tuple[torch.Tensor, None]:
+        calls.append(("allocating", q))
+        return torch.full((q.shape[0], q.shape[1], 512), 2.0, dtype=torch.bfloat16), None
+
+    monkeypatch.setattr(vllm_dsv4, "sparse_mla_decode_into", into)
+    monkeypatch.setattr(vllm_dsv4, "sparse_mla_decode", allocating)
+    layer, meta = _window_layer(vllm_dsv4)
+    q = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
+    # vLLM 0.25.1's buffer: a prefix of the layer's contiguous [tokens, padded_heads, 512] tensor.
+    output = torch.zeros(5, 64, 512, dtype=torch.bfloat16)[:2]
+    layer._forward_decode(q, None, meta, None, True, output)
+    assert [(name, t is output) for name, t in calls] == [("into", True)]
+    assert bool((output == 1).all())
+    # A strided buffer (not what vLLM hands over) takes the allocating op and a copy.
+    calls.clear()
+    strided = torch.zeros(64, 2, 512, dtype=torch.bfloat16).transpose(0, 1)
+    layer._forward_decode(q, None, meta, None, True, strided)
+    assert [name for name, _ in calls] == ["allocating"]
+    assert calls[0][1].shape == (2, 64, 512), "q padded to the output's heads"
+    assert bool((strided == 2).all())
