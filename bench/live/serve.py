@@ -44,6 +44,10 @@ def serve_command(args: argparse.Namespace) -> list[str]:
             "model": str(args.model_dir / "draft"),
             "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
         }
+        if args.draft_attention_backend is not None:
+            # vLLM builds the draft with this backend, not the target's --attention-backend
+            # (vllm/v1/worker/gpu/spec_decode/dspark/utils.py); unset, vLLM chooses.
+            speculative["attention_backend"] = args.draft_attention_backend
         command += ["--speculative-config", json.dumps(speculative)]
     return command
 
@@ -95,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", action="append", type=Path, required=True, help="site folder, first wins")
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--dspark", action="store_true")
+    parser.add_argument(
+        "--draft-attention-backend",
+        help="with --dspark: the draft's attention backend (the speculative config's attention_backend)",
+    )
     parser.add_argument("--load-format", choices=("dummy", "safetensors"), default="dummy")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-model-len", type=int, default=4096)

@@ -10,6 +10,10 @@
 #                                            (bench/vllm_backend/dsv4_decode.py), at the device limit and capped
 #   bench/vllm_backend/h200.sh serve-dsv4 OUT [CAP]  a tiny DeepSeek V4 (model_dsv4.py) served through our V4 class,
 #                                            with live-check; needs CuTe DSL and TileLang (stage.py plan --deepseek-v4)
+#   bench/vllm_backend/h200.sh serve-dsv4-dspark OUT [CAP [BACKEND]]  the same target with its DSpark draft
+#                                            (model_dsv4.py --dspark), target and draft through our V4 class
+#                                            (BACKEND CUSTOM) or vLLM's (FLASHMLA_SPARSE_DSV4), live-check
+#                                            --speculation required against FlashMLA's reference
 #   bench/vllm_backend/h200.sh serve OUT     FLASHMLA_SPARSE records a reference; our backend serves with
 #                                            CUDA graphs, then capped at GB10's 101376 B of shared memory,
 #                                            and sparkseal live-check compares both with the reference
@@ -50,6 +54,40 @@ for heads in 16 128; do
     [ -f "$models/h$heads/target/config.json" ] ||
         "$python" bench/vllm_backend/model.py --out "$models/h$heads" --heads "$heads" --topk "$topk" >/dev/null
 done
+
+# DeepSeek V4 (serve-dsv4, serve-dsv4-dspark): the tiny target and its DSpark draft, the sites (V4 needs CuTe
+# DSL and TileLang: `stage.py plan --deepseek-v4` stages them into deps, or they are installed into
+# $root/extra), and FlashMLA's V4 class's non-speculative reference that both phases check against.
+v4=/tmp/sparkseal-dsv4/h16
+v4_out=$out/serve-dsv4
+v4_ref=$v4_out/flashmla-reference.json
+v4_long=(--long-prompt-tokens 2048 --vocab 100:1000)
+dsv4_setup() {
+    # Rewritten each time: the target's configuration does not change with --dspark, so a recorded
+    # reference stays valid.
+    "$python" bench/vllm_backend/model_dsv4.py --out "$v4" --heads 16 --dspark >/dev/null
+    sites=(--site "$root/ours" --site "$root/deps")
+    [ -d "$root/extra" ] && sites+=(--site "$root/extra")
+    # TileLang's libcudart stub, once loaded, is what FlashInfer's find_loaded_library("libcudart") finds
+    # ("undefined symbol: cudaDeviceReset" in vLLM's kernel warm-up): point it at the real library.
+    local cudart stub
+    cudart=$("$python" -c 'import glob, nvidia; print(sorted(f for p in nvidia.__path__ for f in glob.glob(p + "/cu*/lib/libcudart.so.*"))[0])')
+    for stub in "$root"/deps/tilelang/lib/libcudart_stub.so "$root"/extra/tilelang/lib/libcudart_stub.so; do
+        if [ -f "$stub" ] && [ ! -L "$stub" ]; then
+            mv "$stub" "$stub.orig"
+            ln -s "$cudart" "$stub"
+        fi
+    done
+}
+serve_v4() {
+    "$python" bench/live/serve.py --model-dir "$v4" "${sites[@]}" --max-num-seqs 8 --out "$v4_out" \
+        --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --start-deadline "${START_DEADLINE:-420}" "$@" || true
+}
+dsv4_reference() {
+    # FlashMLA's V4 class records the reference once (vLLM's JIT compilations happen in this first server).
+    [ -f "$v4_ref" ] || serve_v4 --name dsv4-flashmla --vllm-arg=--attention-backend --vllm-arg=FLASHMLA_SPARSE_DSV4 \
+        --check "dsv4-flashmla:--record $v4_ref ${v4_long[*]}"
+}
 
 case $1 in
 compare)
@@ -94,36 +132,62 @@ gpu-test)
     ;;
 serve-dsv4)
     # A tiny DeepSeek V4 (bench/vllm_backend/model_dsv4.py) served through our V4 class; $3 caps the
-    # kernel's shared memory (0: the device's limit). V4 needs CuTe DSL and TileLang: stage them with
-    # `stage.py plan --deepseek-v4` (into deps), or installed into $root/extra.
+    # kernel's shared memory (0: the device's limit). Ours is compared with FlashMLA's reference (near-ties
+    # within live-check's tie margin are counted).
     cap=${3:-0}
-    v4=/tmp/sparkseal-dsv4/h16
-    [ -f "$v4/target/config.json" ] || "$python" bench/vllm_backend/model_dsv4.py --out "$v4" --heads 16 >/dev/null
-    sites=(--site "$root/ours" --site "$root/deps")
-    [ -d "$root/extra" ] && sites+=(--site "$root/extra")
-    # TileLang's libcudart stub, once loaded, is what FlashInfer's find_loaded_library("libcudart") finds
-    # ("undefined symbol: cudaDeviceReset" in vLLM's kernel warm-up): point it at the real library.
-    cudart=$("$python" -c 'import glob, nvidia; print(sorted(f for p in nvidia.__path__ for f in glob.glob(p + "/cu*/lib/libcudart.so.*"))[0])')
-    for stub in "$root"/deps/tilelang/lib/libcudart_stub.so "$root"/extra/tilelang/lib/libcudart_stub.so; do
-        if [ -f "$stub" ] && [ ! -L "$stub" ]; then
-            mv "$stub" "$stub.orig"
-            ln -s "$cudart" "$stub"
-        fi
-    done
-    ref=$out/serve-dsv4/flashmla-reference.json
-    long=(--long-prompt-tokens 2048 --vocab 100:1000)
-    serve_v4() {
-        "$python" bench/live/serve.py --model-dir "$v4" "${sites[@]}" --max-num-seqs 8 --out "$out/serve-dsv4" \
-            --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --start-deadline "${START_DEADLINE:-420}" "$@" || true
-    }
-    # FlashMLA's V4 class records the reference (vLLM's JIT compilations happen in this first server),
-    # then ours serves and is compared with it (near-ties within live-check's tie margin are counted).
-    [ -f "$ref" ] || serve_v4 --name dsv4-flashmla --vllm-arg=--attention-backend --vllm-arg=FLASHMLA_SPARSE_DSV4 \
-        --check "dsv4-flashmla:--record $ref ${long[*]}"
+    dsv4_setup
+    dsv4_reference
     serve_v4 --name "dsv4-ours-smem$cap" --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
         --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" \
-        --check "dsv4-ours-smem$cap:--concurrency 8 --against $ref ${long[*]}"
-    grep -h "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$out/serve-dsv4"/*.server.log | sort | uniq -c | head -30 || true
+        --check "dsv4-ours-smem$cap:--concurrency 8 --against $v4_ref ${v4_long[*]}"
+    grep -h "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$v4_out"/*.server.log | sort | uniq -c | head -30 || true
+    ;;
+serve-dsv4-dspark)
+    # The same target with its DSpark draft (model_dsv4.py --dspark: V4 decoder layers after the target's).
+    # vLLM builds the draft under the speculative config's attention_backend, not --attention-backend
+    # (vllm/v1/worker/gpu/spec_decode/dspark/utils.py), so both name the backend. Speculative decoding is
+    # lossless under greedy sampling: checked against FlashMLA's non-speculative reference, with
+    # --speculation required (drafted tokens counted from /metrics; the dummy draft's acceptance is not
+    # judged). $4 FLASHMLA_SPARSE_DSV4 serves the pair on vLLM's own class instead (a control).
+    cap=${3:-0}
+    backend=${4:-CUSTOM}
+    dsv4_setup
+    dsv4_reference
+    name=dsv4-dspark-ours-smem$cap
+    [ "$backend" = CUSTOM ] || name=dsv4-dspark-$backend
+    serve_v4 --name "$name" --dspark --draft-attention-backend "$backend" \
+        --vllm-arg=--attention-backend --vllm-arg="$backend" --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" \
+        --check "$name-c1:--speculation required --against $v4_ref ${v4_long[*]}" \
+        --check "$name-c8:--speculation required --concurrency 8 --against $v4_ref ${v4_long[*]}"
+    log=$v4_out/$name.server.log
+    grep -h "Sparkseal\|sparkseal\|CUSTOM\|DSpark\|Error\|error" "$log" | sort | uniq -c | head -30 || true
+    status=0
+    # Our class announces itself once for the target's layers and once more for the draft's.
+    for role in "kernel (" "kernel in the speculative draft ("; do
+        if grep -qF "DeepSeek V4 decode runs the sparkseal $role" "$log"; then
+            echo "our V4 class: '$role' announced"
+        elif [ "$backend" = CUSTOM ]; then
+            echo "our V4 class: '$role' NOT announced" >&2
+            status=1
+        fi
+    done
+    for check in c1 c8; do
+        "$python" - "$v4_out/$name-$check.json" <<'PY' || status=1
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as error:
+    sys.exit(f"{sys.argv[1]}: unreadable: {error}")
+steps = {step["name"]: step for step in report["steps"]}
+print(sys.argv[1].rsplit("/", 1)[-1], "ok" if report["ok"] else "FINDINGS")
+for name in ("speculation", "lossless", "prefix-cache"):
+    print("  ", name, steps.get(name, {}).get("figures"))
+for finding in report["findings"]:
+    print("  ", finding["message"][:300])
+sys.exit(0 if report["ok"] else 1)
+PY
+    done
+    exit $status
     ;;
 dsv4)
     for cap in 0 101376; do
@@ -132,7 +196,7 @@ dsv4)
     done
     ;;
 *)
-    echo "usage: $0 compare|serve|gpu-test|dsv4|serve-dsv4 OUT" >&2
+    echo "usage: $0 compare|serve|gpu-test|dsv4|serve-dsv4|serve-dsv4-dspark OUT" >&2
     exit 2
     ;;
 esac

@@ -1,4 +1,4 @@
-"""Write the configuration of a tiny DeepSeek-V4-shaped model (no download needed).
+"""Write the configuration of a tiny DeepSeek-V4-shaped model (no download needed), and of its DSpark draft.
 
 vLLM v0.25.1 serves ``DeepseekV4ForCausalLM`` with ``vllm/models/deepseek_v4``: every layer attends a
 128-token sliding window in DeepSeek V4's 584-byte fp8 records, and (per ``compress_ratios``) a second
@@ -9,8 +9,33 @@ the widths around them are small. ``--heads`` is the attention heads per rank (V
 vLLM's FlashMLA class to 64 or 128); ``--topk`` the indexer's row width. Experts are block-fp8
 (``expert_dtype`` fp8, as DeepSeek-V4-Flash-Base) so the model runs on an H200.
 
-    python3 bench/vllm_backend/model_dsv4.py --out /tmp/dsv4 --heads 16 --topk 512
-    # -> /tmp/dsv4/target/config.json; vLLM serves it with --load-format dummy --skip-tokenizer-init
+``--dspark`` also writes ``draft/config.json``, the configuration of V4's DSpark draft
+(``vllm/models/deepseek_v4/nvidia/dspark.py``, ``DSparkDeepseekV4ForCausalLM``). That draft is made of
+V4 decoder layers built from the *target's* configuration (vLLM builds them under the target's model
+config), and reads its own keys from the draft configuration, which for a real DeepSeek V4 is the
+target checkpoint's own ``config.json`` (``speculative.py`` uses the target when ``model`` is left out).
+The draft written here is therefore the target's configuration plus DSpark's keys:
+
+- ``dspark_target_layer_ids``: the target layers whose outputs feed the draft (vLLM taps the output of
+  layer ``i`` for each id, ``eagle3_utils.py``; the draft's ``main_proj`` takes their concatenation);
+- ``dspark_markov_rank``: the Markov head's rank; ``dspark_noise_token_id``: the token of the block's
+  positions after the anchor (``spec_decode/utils.py``'s parallel-drafting token);
+- ``n_mtp_layers``: the number of draft layers (vLLM's default is 3, as V4's DSpark checkpoints have);
+- ``num_nextn_predict_layers`` 1 (the target has 0): vLLM's speculative config turns every
+  ``deepseek_v4`` draft configuration into an MTP one first, with ``n_predict`` from this key, and then
+  requires ``num_speculative_tokens`` to be at most ``n_predict`` or a multiple of it; 0 would divide by
+  zero, and V4-DSpark's own 3 refuses the 5 tokens ``bench/live/serve.py`` asks for;
+- ``dspark_block_size``: documentation only (vLLM 0.25.1 reads the block from ``num_speculative_tokens``).
+
+``num_hidden_layers`` must stay the target's: the draft's layers are named ``layers.{num_hidden_layers
++ i}``, after the target's, and vLLM refuses a duplicate layer name. vLLM replaces the draft's
+``architectures`` by ``DSparkDraftModel``. The draft ships no weights (``--load-format dummy``); it
+shares the target's embedding and LM head.
+
+    python3 bench/vllm_backend/model_dsv4.py --out /tmp/dsv4 --heads 16 --topk 512 [--dspark]
+    # -> /tmp/dsv4/target/config.json (and draft/config.json); vLLM serves it with --load-format dummy
+    # --skip-tokenizer-init, the draft with --speculative-config '{"method": "dspark", "model":
+    # "/tmp/dsv4/draft", "num_speculative_tokens": 5, "attention_backend": "CUSTOM"}'
 """
 
 from __future__ import annotations
@@ -23,6 +48,13 @@ from pathlib import Path
 VOCAB_SIZE = 4096
 HIDDEN_SIZE = 512
 MAX_POSITIONS = 8192
+# The DSpark draft (see the module's docstring).
+DSPARK_LAYERS = 3
+DSPARK_TARGET_LAYER_IDS = [3, 4, 5]  # the last three of the target's six, as V4-DSpark taps its last three
+DSPARK_MARKOV_RANK = 32
+DSPARK_NOISE_TOKEN_ID = VOCAB_SIZE - 1  # never drawn by live-check's prompts (token ids 100..999)
+DSPARK_BLOCK_SIZE = 5  # = bench/live/serve.py's NUM_SPECULATIVE_TOKENS
+DSPARK_NUM_NEXTN_PREDICT_LAYERS = 1
 
 
 def config(heads: int, topk: int) -> dict:
@@ -87,17 +119,44 @@ def config(heads: int, topk: int) -> dict:
     }
 
 
+def draft_config(target: dict) -> dict:
+    """V4's DSpark draft for ``target``: the target's configuration plus DSpark's keys (module docstring)."""
+    return {
+        **target,
+        "num_nextn_predict_layers": DSPARK_NUM_NEXTN_PREDICT_LAYERS,
+        "n_mtp_layers": DSPARK_LAYERS,
+        "dspark_target_layer_ids": list(DSPARK_TARGET_LAYER_IDS),
+        "dspark_markov_rank": DSPARK_MARKOV_RANK,
+        "dspark_noise_token_id": DSPARK_NOISE_TOKEN_ID,
+        "dspark_block_size": DSPARK_BLOCK_SIZE,
+    }
+
+
+def write(out: Path, heads: int, topk: int, dspark: bool = False) -> list[Path]:
+    """Write ``out/target/config.json`` (and with ``dspark``, ``out/draft/config.json``); return the paths."""
+    target = config(heads, topk)
+    configs = {"target": target}
+    if dspark:
+        configs["draft"] = draft_config(target)
+    written = []
+    for name, values in configs.items():
+        path = out / name / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values, indent=2) + "\n")
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for target/config.json")
     parser.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128))
     parser.add_argument("--topk", type=int, default=512, help="index_topk, a multiple of 64")
+    parser.add_argument("--dspark", action="store_true", help="also write draft/config.json (DSpark draft)")
     args = parser.parse_args(argv)
-    target = args.out / "target"
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "config.json").write_text(json.dumps(config(args.heads, args.topk), indent=2) + "\n")
-    print(target / "config.json")
+    for path in write(args.out, args.heads, args.topk, args.dspark):
+        print(path)
     return 0
 
 

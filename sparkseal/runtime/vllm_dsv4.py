@@ -15,6 +15,14 @@ kernel on an H200, FlashInfer's on GB10).
 
 The rows are computed by the same vLLM functions the base classes call, so both kernels see identical
 slot ids; a layer the kernel cannot serve is refused when vLLM builds the model, never at a request.
+
+V4's DSpark draft (``vllm/models/deepseek_v4/nvidia/dspark.py``) is made of V4 decoder layers, whose
+class is chosen the same way, but under the speculative config's ``attention_backend``, not the target's
+``--attention-backend`` (``vllm/v1/worker/gpu/spec_decode/dspark/utils.py``): the draft runs our class
+only when ``--speculative-config`` says ``"attention_backend": "CUSTOM"`` (or, unset, where
+``SPARKSEAL_SPARSE_MLA=1`` makes CUSTOM V4's default). Its non-causal rows are the window plus the whole
+draft block, a wider index row than the target's, which the kernel reads the same way. The server log
+says which layers run our kernel: one line for the target's, one more for a draft's.
 """
 
 from __future__ import annotations
@@ -57,7 +65,11 @@ class SparksealDecode:
         if reason is not None:
             raise rules.UnsupportedConfiguration(f"{self.prefix}: {reason}")
         self.sparkseal_max_smem_bytes = rules.max_smem_bytes()
-        _announce(type(self), self.sparkseal_max_smem_bytes)
+        _announce(
+            type(self),
+            self.sparkseal_max_smem_bytes,
+            draft_layer(args[0] if args else kwargs.get("vllm_config")),
+        )
 
     def _forward_decode(
         self,
@@ -126,11 +138,23 @@ class SparksealDecode:
         }
 
 
+def draft_layer(vllm_config: Any) -> bool:
+    """Whether the layer being built belongs to a speculative draft with non-causal attention (DSpark's).
+
+    vLLM 0.25.1 builds a DSpark (or DFlash) draft under a copy of the configuration whose attention
+    config has ``use_non_causal`` set (``vllm/v1/worker/gpu/spec_decode/dspark/utils.py``); the target's
+    layers are built under the configuration as given.
+    """
+    attention = getattr(vllm_config, "attention_config", None)
+    return bool(getattr(attention, "use_non_causal", False))
+
+
 @functools.cache
-def _announce(cls: type, max_smem_bytes: int) -> None:
-    """One line per class and cap in the server log: which kernel V4's decode rows run."""
+def _announce(cls: type, max_smem_bytes: int, draft: bool = False) -> None:
+    """One line per class, cap and role in the server log: which kernel V4's decode rows run."""
     logger.info(
-        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel (%s, shared memory cap %s)",
+        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel%s (%s, shared memory cap %s)",
+        " in the speculative draft" if draft else "",
         cls.__qualname__,
         max_smem_bytes or "the device's limit",
     )

@@ -292,3 +292,43 @@ def test_v4_decode_writes_vllms_output_buffer_in_place(vllm_dsv4, monkeypatch: p
     assert [name for name, _ in calls] == ["allocating"]
     assert calls[0][1].shape == (2, 64, 512), "q padded to the output's heads"
     assert bool((strided == 2).all())
+
+
+def test_the_server_log_names_the_draft_layers_on_our_v4_class(  # type: ignore[no-untyped-def]
+    vllm_dsv4, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM builds V4's DSpark draft under an attention config with ``use_non_causal`` set (and the
+    speculative config's backend); our class says so in one more line, which the H200 phase looks for."""
+    from types import SimpleNamespace
+
+    class Base:
+        def __init__(self, vllm_config: object, prefix: str, **_: object) -> None:
+            self.prefix, self.kv_cache_dtype, self.padded_heads = prefix, "fp8_ds_mla", 64
+            self.head_dim, self.rope_head_dim, self.compress_ratio, self.window_size = 512, 64, 1, 128
+            self.topk_indices_buffer = None  # the draft's layers get none: they are window-only
+
+        def _uses_fp8_ds_mla_layout(self) -> bool:
+            return True
+
+        def _forward_decode(self, *args: object) -> None:
+            raise AssertionError("replaced by ours")
+
+    def config(non_causal: bool) -> SimpleNamespace:
+        return SimpleNamespace(attention_config=SimpleNamespace(backend=None, use_non_causal=non_causal))
+
+    assert vllm_dsv4.draft_layer(config(True)) is True
+    assert vllm_dsv4.draft_layer(config(False)) is False
+    assert vllm_dsv4.draft_layer(None) is False
+    monkeypatch.delenv(rules.MAX_SMEM_ENV, raising=False)
+    cls = vllm_dsv4.attention_class(Base)
+    caplog.set_level("INFO", logger="vllm.sparkseal")
+    for prefix, non_causal in (("model.layers.0.attn", False), ("model.layers.1.attn", False)):
+        cls(config(non_causal), prefix=prefix)
+    for prefix in ("model.layers.6.attn", "model.layers.7.attn"):
+        cls(config(True), prefix=prefix)
+    assert [r.getMessage() for r in caplog.records if r.name == "vllm.sparkseal"] == [
+        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel (SparksealBase, shared memory cap "
+        "the device's limit)",
+        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel in the speculative draft (SparksealBase, "
+        "shared memory cap the device's limit)",
+    ]
