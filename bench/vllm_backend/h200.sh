@@ -5,7 +5,8 @@
 # staged wheel's Python files; the kernel library is the one the staged sparkseal wheel ships.
 #   bench/vllm_backend/h200.sh compare OUT   per-layer agreement with FLASHMLA_SPARSE (4 engines)
 #   bench/vllm_backend/h200.sh gpu-test OUT  pytest -m gpu: tests/gpu/test_vllm_backend_gpu.py, test_vllm_dsv4_gpu.py,
-#                                            test_sparse_mla_gpu.py
+#                                            test_sparse_mla_gpu.py, test_sparse_mla_sanitizers.py (compute-sanitizer
+#                                            and nvcc on PATH or in /usr/local/cuda/bin)
 #   bench/vllm_backend/h200.sh dsv4 OUT      DeepSeek V4 decode through our class against FlashMLA's class
 #                                            (bench/vllm_backend/dsv4_decode.py), at the device limit and capped
 #   bench/vllm_backend/h200.sh serve-dsv4 OUT [CAP]  a tiny DeepSeek V4 (model_dsv4.py) served through our V4 class,
@@ -127,7 +128,7 @@ serve)
 gpu-test)
     # The GPU tests of the backend and the kernel, with this staged vLLM.
     "$python" -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_vllm_backend_gpu.py tests/gpu/test_vllm_dsv4_gpu.py \
-        tests/gpu/test_sparse_mla_gpu.py \
+        tests/gpu/test_sparse_mla_gpu.py tests/gpu/test_sparse_mla_sanitizers.py \
         2>&1 | tee "$out/gpu-test.log" | tail -n 15
     ;;
 serve-dsv4)
