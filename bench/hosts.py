@@ -52,6 +52,8 @@ ARTIFACTS = [
     )
 ]
 _CONFIG = re.compile(r"bazel-out/[^/]+/")
+# Inputs Bazel writes that list paths, configuration directories among them.
+BAZEL_PATH_LISTS = (".params", "MANIFEST", "_repo_mapping")
 
 
 def digest(bin_dir: Path, rel: str, kind: str) -> str:
@@ -187,11 +189,24 @@ def main() -> int:
         differing = sorted({key[0] for key in common if logs[first][key] != logs[host][key]})
         count = sum(1 for key in common if logs[first][key] != logs[host][key])
         only = len(set(logs[first]) ^ set(logs[host]))
+        # The inputs both logs name (same path after the configuration cut): a host that leaked into an
+        # action would show here as the same path with another digest, whatever each release lists besides.
+        # Files that spell out paths (param files, runfiles manifests and repository mappings) name each
+        # release's configuration directories, so they are left out.
+        shared = [
+            (key, path)
+            for key in common
+            for path in set(logs[first][key]) & set(logs[host][key])
+            if not path.endswith(BAZEL_PATH_LISTS)
+        ]
+        changed = sorted({key[0] for key, path in shared if logs[first][key][path] != logs[host][key][path]})
+        changed_count = sum(1 for key, path in shared if logs[first][key][path] != logs[host][key][path])
         comparisons.append(
             f"- {HOSTS[first][0]} against {HOSTS[host][0]}: {len(common)} actions in both logs, {count} with "
-            f"different inputs"
-            + (f" ({', '.join(differing)})" if differing else "")
-            + f", {only} in one log only."
+            f"different input lists" + (f" ({', '.join(differing)})" if differing else "") + f", {only} in "
+            f"one log only; of the {len(shared)} inputs both logs name, {changed_count} have another digest"
+            + (f" ({', '.join(changed)})" if changed else "")
+            + "."
         )
     times = ", ".join(f"{HOSTS[h][0]} {seconds[h]:.0f} s ({seconds[h] / seconds[first]:.2f})" for h in hosts)
     lines = [

@@ -225,8 +225,9 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
         real_wheel = Path(steps.ok("real_bin").strip().splitlines()[-1]) / REAL_WHEEL
         assert _sha256(real_wheel) == host_real_sha, "vLLM wheel: bzlmod/7.7.1 differs from WORKSPACE/4.2.3"
         # The provenance's builder records the release that runs (Debian's Bazel reports none), no flag given.
-        release = steps.ok("real_release").strip().splitlines()[-1]
-        assert release == '["7.7.1"]', (
+        # cquery prints the value (a list) among Bazel's INFO lines.
+        release = [line for line in steps.ok("real_release").splitlines() if line.startswith('["')]
+        assert release == ['["7.7.1"]'], (
             f"//rules:bazel_version under plain bzlmod: expected 7.7.1, got {release}"
         )
         # Every BUILD file loads; the hubs' labels name the extension's repositories (canonical labels, as
