@@ -200,12 +200,21 @@ def main() -> int:
             if not path.endswith(BAZEL_PATH_LISTS)
         ]
         changed = sorted({key[0] for key, path in shared if logs[first][key][path] != logs[host][key][path]})
+        changed_paths = sorted(
+            {path for key, path in shared if logs[first][key][path] != logs[host][key][path]}
+        )
         changed_count = sum(1 for key, path in shared if logs[first][key][path] != logs[host][key][path])
         comparisons.append(
             f"- {HOSTS[first][0]} against {HOSTS[host][0]}: {len(common)} actions in both logs, {count} with "
             f"different input lists" + (f" ({', '.join(differing)})" if differing else "") + f", {only} in "
             f"one log only; of the {len(shared)} inputs both logs name, {changed_count} have another digest"
-            + (f" ({', '.join(changed)})" if changed else "")
+            + (
+                f" ({', '.join(changed)}; files: {', '.join(f'`{p}`' for p in changed_paths[:8])}"
+                + (f" and {len(changed_paths) - 8} more" if len(changed_paths) > 8 else "")
+                + ")"
+                if changed
+                else ""
+            )
             + "."
         )
     times = ", ".join(f"{HOSTS[h][0]} {seconds[h]:.0f} s ({seconds[h] / seconds[first]:.2f})" for h in hosts)
