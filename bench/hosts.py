@@ -80,6 +80,38 @@ def spawns(log: Path) -> dict[tuple[str, tuple[str, ...]], dict[str, str]]:
     return found
 
 
+def compare(
+    a: dict[tuple[str, tuple[str, ...]], dict[str, str]], b: dict[tuple[str, tuple[str, ...]], dict[str, str]]
+) -> str:
+    """One sentence on two hosts' actions (:func:`spawns` of each log): how many pair up, how many list
+    other inputs, and, of the inputs both logs name, which have another digest.
+
+    A host that leaked into an action would show as the same path with another digest, whatever each
+    Bazel release lists besides. Files that spell out paths (param files, runfiles manifests and
+    repository mappings) name each release's configuration directories, so they are left out.
+    """
+    common = sorted(set(a) & set(b))
+    other_lists = [key for key in common if a[key] != b[key]]
+    shared = [
+        (key, path)
+        for key in common
+        for path in sorted(set(a[key]) & set(b[key]))
+        if not path.endswith(BAZEL_PATH_LISTS)
+    ]
+    changed = [(key, path) for key, path in shared if a[key][path] != b[key][path]]
+    text = f"{len(common)} actions in both logs, {len(other_lists)} with different input lists"
+    if other_lists:
+        text += f" ({', '.join(sorted({key[0] for key in other_lists}))})"
+    text += f", {len(set(a) ^ set(b))} in one log only; of the {len(shared)} inputs both logs name, "
+    text += f"{len(changed)} have another digest"
+    if changed:
+        paths = sorted({path for _, path in changed})
+        more = f" and {len(paths) - 8} more" if len(paths) > 8 else ""
+        text += f" ({', '.join(sorted({key[0] for key, _ in changed}))}; files: "
+        text += f"{', '.join(f'`{p}`' for p in paths[:8])}{more})"
+    return text + "."
+
+
 def targets(platforms: tuple[str, ...]) -> list[str]:
     """The image and the provenance (which needs the PEX, manifest and SBOM) of each platform."""
     return [f"//:{kind}_{p}" for p in platforms for kind in ("image", "provenance")]
@@ -183,40 +215,9 @@ def main() -> int:
     finally:
         remove_tree(scratch)
     first = hosts[0]
-    comparisons = []
-    for host in hosts[1:]:
-        common = sorted(set(logs[first]) & set(logs[host]))
-        differing = sorted({key[0] for key in common if logs[first][key] != logs[host][key]})
-        count = sum(1 for key in common if logs[first][key] != logs[host][key])
-        only = len(set(logs[first]) ^ set(logs[host]))
-        # The inputs both logs name (same path after the configuration cut): a host that leaked into an
-        # action would show here as the same path with another digest, whatever each release lists besides.
-        # Files that spell out paths (param files, runfiles manifests and repository mappings) name each
-        # release's configuration directories, so they are left out.
-        shared = [
-            (key, path)
-            for key in common
-            for path in set(logs[first][key]) & set(logs[host][key])
-            if not path.endswith(BAZEL_PATH_LISTS)
-        ]
-        changed = sorted({key[0] for key, path in shared if logs[first][key][path] != logs[host][key][path]})
-        changed_paths = sorted(
-            {path for key, path in shared if logs[first][key][path] != logs[host][key][path]}
-        )
-        changed_count = sum(1 for key, path in shared if logs[first][key][path] != logs[host][key][path])
-        comparisons.append(
-            f"- {HOSTS[first][0]} against {HOSTS[host][0]}: {len(common)} actions in both logs, {count} with "
-            f"different input lists" + (f" ({', '.join(differing)})" if differing else "") + f", {only} in "
-            f"one log only; of the {len(shared)} inputs both logs name, {changed_count} have another digest"
-            + (
-                f" ({', '.join(changed)}; files: {', '.join(f'`{p}`' for p in changed_paths[:8])}"
-                + (f" and {len(changed_paths) - 8} more" if len(changed_paths) > 8 else "")
-                + ")"
-                if changed
-                else ""
-            )
-            + "."
-        )
+    comparisons = [
+        f"- {HOSTS[first][0]} against {HOSTS[h][0]}: {compare(logs[first], logs[h])}" for h in hosts[1:]
+    ]
     times = ", ".join(f"{HOSTS[h][0]} {seconds[h]:.0f} s ({seconds[h] / seconds[first]:.2f})" for h in hosts)
     lines = [
         "# The same image from different Linux hosts and Bazel modes",
