@@ -12,12 +12,11 @@ attention sink is set for the real heads and ``-inf`` for the padded ones, as vL
 Per case: the relative error of each side against the float32 reference
 (``sparkseal.runtime.sparse_mla_ref``) and against each other, after an eager call and after a CUDA-graph
 replay of our class with new rows written into the captured buffers; and, unless ``--no-timing``, the
-time of one layer call of each side replayed from a CUDA graph. Our side is timed three ways in the same
-run: the class as it is (``ours µs``), and on the same rows (``SparksealDecode.sparkseal_decode_args``)
-the path before ``sparkseal::sparse_mla_decode_into`` (the allocating op, then ``output.copy_``: ``ours
-copy µs``) beside the in-place op the class now calls (``ours in-place µs``), so the two differ only in
-the copy. Needs a capability 9.0 GPU (FlashMLA), vLLM and the kernel library; prints a markdown table and
-writes ``--out`` JSON.
+time of one layer call of each side replayed from a CUDA graph. Our side is timed twice in the same
+run: the class as it is, writing vLLM's buffer with ``sparkseal::sparse_mla_decode_into`` (``ours µs``),
+and on the same rows (``SparksealDecode.sparkseal_decode_args``) the path before that op, the allocating
+op and ``output.copy_`` (``ours copy µs``), so the two differ only in the copy. Needs a capability
+9.0 GPU (FlashMLA), vLLM and the kernel library; prints a markdown table and writes ``--out`` JSON.
 
     python3 bench/vllm_backend/dsv4_decode.py --out dsv4.json [--quick] [--max-smem 101376]
 """
@@ -214,13 +213,6 @@ def copy_decode(obj: torch.nn.Module, step: SimpleNamespace, meta: tuple, out: t
     out.copy_(sparse_mla_decode(**_decode_args(obj, step, meta, out))[0])
 
 
-def in_place_decode(obj: torch.nn.Module, step: SimpleNamespace, meta: tuple, out: torch.Tensor) -> None:
-    """The same rows written straight into vLLM's buffer, as ``_forward_decode`` now does."""
-    from sparkseal.runtime.sparse_mla import sparse_mla_decode_into
-
-    sparse_mla_decode_into(out, **_decode_args(obj, step, meta, out))
-
-
 def reference(step: SimpleNamespace) -> torch.Tensor:
     """Float32 result of the same rows, with the C4A rows mapped through the block table by our PyTorch
     conversion (``sparse_mla_vllm.to_global_slots``), not vLLM's Triton kernel the classes call."""
@@ -323,19 +315,18 @@ def run_case(case: Case, seed: int, timing: bool) -> dict:
         row["flashmla_us"] = graph_time(lambda: decode(theirs, step, meta_theirs, out_theirs))
         row["ours_us"] = graph_time(lambda: decode(ours, step, meta, out_ours))
         row["ours_copy_us"] = graph_time(lambda: copy_decode(ours, step, meta, out_copy))
-        row["ours_in_place_us"] = graph_time(lambda: in_place_decode(ours, step, meta, out_ours))
     return row
 
 
 def table(rows: list[dict]) -> str:
     lines = [
         "| case | ours vs ref (rel / worst row) | FlashMLA vs ref | ours vs FlashMLA | graph replay vs eager "
-        "| FlashMLA µs | ours µs | ours copy µs | ours in-place µs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| FlashMLA µs | ours µs | ours copy µs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         f = "{:.2e} / {:.2e}".format
-        keys = ("flashmla_us", "ours_us", "ours_copy_us", "ours_in_place_us")
+        keys = ("flashmla_us", "ours_us", "ours_copy_us")
         times = " | ".join(f"{r[k]:.1f}" if k in r else "—" for k in keys)
         lines.append(
             f"| {r['case']} | {f(*r['ours_vs_ref'])} | {f(*r['flashmla_vs_ref'])} "
