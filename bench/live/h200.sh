@@ -28,23 +28,24 @@ receive)
     stage receive "$@"
     ;;
 install)
-    # Parts arrive as one pack (all) or two (deps, vllm); our vLLM, sparkseal and the delta go to vllm/.
-    rm -rf "$root/in" "$root/wheels" "$root/vllm"
+    # Parts arrive as one pack (all) or two (deps, vllm); our vLLM, sparkseal and the delta go to
+    # vllm-wheels/ ($root/vllm holds the received parts of the vllm pack).
+    rm -rf "$root/in" "$root/wheels" "$root/vllm-wheels"
     for name in deps vllm all; do
         if [ -f "$root/$name/manifest.json" ]; then stage unpack "$name" --dest "$root/in"; fi
     done
-    mkdir -p "$root/wheels" "$root/vllm"
-    mv "$root"/in/vllm-*.whl "$root"/in/sparkseal-*.whl "$root"/in/*.delta "$root/vllm/"
+    mkdir -p "$root/wheels" "$root/vllm-wheels"
+    mv "$root"/in/vllm-*.whl "$root"/in/sparkseal-*.whl "$root"/in/*.delta "$root/vllm-wheels/"
     mv "$root"/in/*.whl "$root/wheels/"
-    ours=$(ls "$root"/vllm/vllm-*.whl)
+    ours=$(ls "$root"/vllm-wheels/vllm-*.whl)
     mkdir -p "$root/upstream"
-    stage delta apply --base "$ours" --delta "$root"/vllm/vllm-*-upstream.delta \
+    stage delta apply --base "$ours" --delta "$root"/vllm-wheels/vllm-*-upstream.delta \
         --out "$root/upstream/$(basename "$ours")"
     pip=("$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check)
     rm -rf "$root/deps" "$root/ours" "$root/upstream-site"
     "${pip[@]}" --target "$root/deps" "$root"/wheels/*.whl
-    "${pip[@]}" --target "$root/ours" "$ours" "$root"/vllm/sparkseal-*.whl
-    "${pip[@]}" --target "$root/upstream-site" "$root"/upstream/vllm-*.whl "$root"/vllm/sparkseal-*.whl
+    "${pip[@]}" --target "$root/ours" "$ours" "$root"/vllm-wheels/sparkseal-*.whl
+    "${pip[@]}" --target "$root/upstream-site" "$root"/upstream/vllm-*.whl "$root"/vllm-wheels/sparkseal-*.whl
     grep -c "sample_idx_mapping = torch.full" "$root/ours/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
     if grep -q "sample_idx_mapping = torch.full" "$root/upstream-site/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"; then
         echo "install: the upstream tree carries the fix: wrong wheel" >&2

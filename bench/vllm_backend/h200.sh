@@ -4,17 +4,19 @@
 # dependencies into /tmp/sparkseal-stage. The repository's sparkseal/ (the backend under test) replaces the
 # staged wheel's Python files; the kernel library is the one the staged sparkseal wheel ships.
 #   bench/vllm_backend/h200.sh compare OUT   per-layer agreement with FLASHMLA_SPARSE (4 engines)
-#   bench/vllm_backend/h200.sh gpu-test OUT  pytest -m gpu: tests/gpu/test_vllm_backend_gpu.py, test_vllm_dsv4_gpu.py,
-#                                            test_sparse_mla_gpu.py, test_sparse_mla_sanitizers.py (compute-sanitizer
-#                                            and nvcc on PATH or in /usr/local/cuda/bin)
+#   bench/vllm_backend/h200.sh gpu-test OUT [TEST ...]  pytest -m gpu: tests/gpu/test_vllm_backend_gpu.py,
+#                                            test_vllm_dsv4_gpu.py, test_sparse_mla_gpu.py, test_sparse_mla_sanitizers.py
+#                                            (compute-sanitizer and nvcc on PATH or in /usr/local/cuda/bin), or TESTs
 #   bench/vllm_backend/h200.sh dsv4 OUT      DeepSeek V4 decode through our class against FlashMLA's class
 #                                            (bench/vllm_backend/dsv4_decode.py), at the device limit and capped
 #   bench/vllm_backend/h200.sh serve-dsv4 OUT [CAP]  a tiny DeepSeek V4 (model_dsv4.py) served through our V4 class,
 #                                            with live-check; needs CuTe DSL and TileLang (stage.py plan --deepseek-v4)
-#   bench/vllm_backend/h200.sh serve-dsv4-dspark OUT [CAP [BACKEND]]  the same target with its DSpark draft
-#                                            (model_dsv4.py --dspark), target and draft through our V4 class
-#                                            (BACKEND CUSTOM) or vLLM's (FLASHMLA_SPARSE_DSV4), live-check
-#                                            --speculation required against FlashMLA's reference
+#   bench/vllm_backend/h200.sh serve-dsv4-dspark OUT [CAP [BACKEND [DRAFT_BACKEND]]]  the same target with its
+#                                            DSpark draft (model_dsv4.py --dspark), the target through our V4 class
+#                                            (BACKEND CUSTOM, refused unless SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1,
+#                                            which this phase sets) or vLLM's (FLASHMLA_SPARSE_DSV4), the draft
+#                                            through DRAFT_BACKEND (default BACKEND), live-check --speculation
+#                                            required against FlashMLA's reference
 #   bench/vllm_backend/h200.sh serve OUT     FLASHMLA_SPARSE records a reference; our backend serves with
 #                                            CUDA graphs, then capped at GB10's 101376 B of shared memory,
 #                                            and sparkseal live-check compares both with the reference
@@ -59,6 +61,7 @@ done
 # DeepSeek V4 (serve-dsv4, serve-dsv4-dspark): the tiny target and its DSpark draft, the sites (V4 needs CuTe
 # DSL and TileLang: `stage.py plan --deepseek-v4` stages them into deps, or they are installed into
 # $root/extra), and FlashMLA's V4 class's non-speculative reference that both phases check against.
+# V4_SERVE_ARGS adds serve.py arguments to every V4 server (e.g. --vllm-arg=--enforce-eager).
 v4=/tmp/sparkseal-dsv4/h16
 v4_out=$out/serve-dsv4
 v4_ref=$v4_out/flashmla-reference.json
@@ -81,8 +84,11 @@ dsv4_setup() {
     done
 }
 serve_v4() {
+    local extra=()
+    read -r -a extra <<<"${V4_SERVE_ARGS:-}"
     "$python" bench/live/serve.py --model-dir "$v4" "${sites[@]}" --max-num-seqs 8 --out "$v4_out" \
-        --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --start-deadline "${START_DEADLINE:-420}" "$@" || true
+        --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --start-deadline "${START_DEADLINE:-420}" "$@" \
+        ${extra[@]+"${extra[@]}"} || true
 }
 dsv4_reference() {
     # FlashMLA's V4 class records the reference once (vLLM's JIT compilations happen in this first server).
@@ -126,10 +132,12 @@ serve)
     grep -h "Using .* backend\|CUSTOM\|sparkseal" "$results"/*.server.log | sort | uniq -c | head -20 || true
     ;;
 gpu-test)
-    # The GPU tests of the backend and the kernel, with this staged vLLM.
-    "$python" -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_vllm_backend_gpu.py tests/gpu/test_vllm_dsv4_gpu.py \
-        tests/gpu/test_sparse_mla_gpu.py tests/gpu/test_sparse_mla_sanitizers.py \
-        2>&1 | tee "$out/gpu-test.log" | tail -n 15
+    # The GPU tests of the backend and the kernel, with this staged vLLM (or the test files named after OUT).
+    shift 2
+    tests=("$@")
+    [ ${#tests[@]} -gt 0 ] || tests=(tests/gpu/test_vllm_backend_gpu.py tests/gpu/test_vllm_dsv4_gpu.py
+        tests/gpu/test_sparse_mla_gpu.py tests/gpu/test_sparse_mla_sanitizers.py)
+    "$python" -m pytest -m gpu -q -p no:cacheprovider "${tests[@]}" 2>&1 | tee "$out/gpu-test.log" | tail -n 15
     ;;
 serve-dsv4)
     # A tiny DeepSeek V4 (bench/vllm_backend/model_dsv4.py) served through our V4 class; $3 caps the
@@ -149,25 +157,33 @@ serve-dsv4-dspark)
     # (vllm/v1/worker/gpu/spec_decode/dspark/utils.py), so both name the backend. Speculative decoding is
     # lossless under greedy sampling: checked against FlashMLA's non-speculative reference, with
     # --speculation required (drafted tokens counted from /metrics; the dummy draft's acceptance is not
-    # judged). $4 FLASHMLA_SPARSE_DSV4 serves the pair on vLLM's own class instead (a control).
+    # judged). $4 FLASHMLA_SPARSE_DSV4 serves the pair on vLLM's own class instead (a control); $5 puts the
+    # draft on another class than the target. Our class refuses a target under speculative decoding (an
+    # H200 run died at the first verification step, bench/results/vllm_backend.md 4c): this phase sets the
+    # override, to reproduce that.
     cap=${3:-0}
     backend=${4:-CUSTOM}
+    draft_backend=${5:-$backend}
     dsv4_setup
     dsv4_reference
     name=dsv4-dspark-ours-smem$cap
     [ "$backend" = CUSTOM ] || name=dsv4-dspark-$backend
-    serve_v4 --name "$name" --dspark --draft-attention-backend "$backend" \
+    [ "$draft_backend" = "$backend" ] || name=$name-draft-$draft_backend
+    serve_v4 --name "$name" --dspark --draft-attention-backend "$draft_backend" \
         --vllm-arg=--attention-backend --vllm-arg="$backend" --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" \
+        --env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 \
         --check "$name-c1:--speculation required --against $v4_ref ${v4_long[*]}" \
         --check "$name-c8:--speculation required --concurrency 8 --against $v4_ref ${v4_long[*]}"
     log=$v4_out/$name.server.log
     grep -h "Sparkseal\|sparkseal\|CUSTOM\|DSpark\|Error\|error" "$log" | sort | uniq -c | head -30 || true
     status=0
     # Our class announces itself once for the target's layers and once more for the draft's.
-    for role in "kernel (" "kernel in the speculative draft ("; do
+    for role in "kernel (:$backend" "kernel in the speculative draft (:$draft_backend"; do
+        expected=${role##*:}
+        role=${role%:*}
         if grep -qF "DeepSeek V4 decode runs the sparkseal $role" "$log"; then
             echo "our V4 class: '$role' announced"
-        elif [ "$backend" = CUSTOM ]; then
+        elif [ "$expected" = CUSTOM ]; then
             echo "our V4 class: '$role' NOT announced" >&2
             status=1
         fi

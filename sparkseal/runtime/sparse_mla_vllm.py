@@ -29,6 +29,9 @@ SWITCH_ENV = "SPARKSEAL_SPARSE_MLA"
 # Caps the kernel's shared memory per block (bytes; 0 = the device's limit). 101376 makes an H200 run
 # the configurations a GB10 runs.
 MAX_SMEM_ENV = "SPARKSEAL_SPARSE_MLA_MAX_SMEM"
+# "1" lets a DeepSeek V4 target decode on our kernel under speculative decoding, which is refused
+# otherwise (dsv4_speculative_reason says why); for reproducing that failure, not for serving.
+V4_SPECULATIVE_ENV = "SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE"
 BACKEND_NAME = "CUSTOM"
 WHERE = "sparkseal sparse-MLA backend (sparkseal/runtime/vllm_backend.py)"
 
@@ -50,14 +53,19 @@ class UnsupportedConfiguration(ValueError):
     """The model or deployment asks for something the backend does not implement."""
 
 
-def switch_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the operator asked for our backend first on capability 12.x; reject unclear values."""
-    value = environ.get(SWITCH_ENV, "0").strip().lower()
+def _flag(name: str, environ: Mapping[str, str]) -> bool:
+    """An on/off environment setting; an unclear value is refused rather than read as off."""
+    value = environ.get(name, "0").strip().lower()
     if value in ("1", "on", "true", "yes"):
         return True
     if value in ("", "0", "off", "false", "no"):
         return False
-    raise UnsupportedConfiguration(f"{SWITCH_ENV}: expected 1 or 0, got {value!r}")
+    raise UnsupportedConfiguration(f"{name}: expected 1 or 0, got {value!r}")
+
+
+def switch_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the operator asked for our backend first on capability 12.x."""
+    return _flag(SWITCH_ENV, environ)
 
 
 def max_smem_bytes(environ: Mapping[str, str] = os.environ) -> int:
@@ -163,6 +171,31 @@ def dsv4_reason(
         if width is None or width < PAGE_SIZE or width % PAGE_SIZE != 0:
             return f"{DSV4_WHERE}: {name}: expected a positive multiple of {PAGE_SIZE}, got {width}"
     return None
+
+
+def dsv4_speculative_reason(
+    *, speculative: bool, draft: bool, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """Why a DeepSeek V4 target layer may not decode on our kernel under speculative decoding, or ``None``.
+
+    On vLLM 0.25.1, a tiny V4 served on an H200 machine with a DSpark draft and the target's layers on
+    our class died at its first verification step (a device-side assert: an index out of range in an
+    ``index_select``), whether the draft ran our class or FlashMLA's. The same target without a draft
+    served on our class; target and draft both on FlashMLA's class served one request at a time
+    (lossless, acceptance 0.83) and died with the same assert at 8 at a time
+    (``bench/results/vllm_backend.md``, 4c). The cause is not found, and ours fails where vLLM's does not:
+    refusing at start-up beats an engine that dies at its first request. A draft's own layers are not
+    refused: that pairing (target on vLLM's class, draft on ours) was not run.
+    """
+    if not speculative or draft or _flag(V4_SPECULATIVE_ENV, environ):
+        return None
+    return (
+        f"{DSV4_WHERE}: speculative decoding with the target's layers on this kernel: expected no "
+        "--speculative-config (on vLLM 0.25.1 the first verification step ended in a device-side assert; "
+        "bench/results/vllm_backend.md, 4c); serve the target on vLLM's V4 class (no --attention-backend "
+        f"CUSTOM and {SWITCH_ENV} unset, or FLASHMLA_SPARSE_DSV4 on an H200), or set {V4_SPECULATIVE_ENV}=1 "
+        "to reproduce the failure"
+    )
 
 
 def token_request_ids(query_start_loc: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ class is chosen the same way, but under the speculative config's ``attention_bac
 only when ``--speculative-config`` says ``"attention_backend": "CUSTOM"`` (or, unset, where
 ``SPARKSEAL_SPARSE_MLA=1`` makes CUSTOM V4's default). Its non-causal rows are the window plus the whole
 draft block, a wider index row than the target's, which the kernel reads the same way. The server log
-says which layers run our kernel: one line for the target's, one more for a draft's.
+says which layers run our kernel: one line for the target's, one more for a draft's. A target on our class
+under speculative decoding is refused at start-up (:func:`sparse_mla_vllm.dsv4_speculative_reason`).
 """
 
 from __future__ import annotations
@@ -62,14 +63,15 @@ class SparksealDecode:
             window_size=self.window_size,
             index_topk=None if buffer is None else int(buffer.shape[-1]),
         )
+        config = args[0] if args else kwargs.get("vllm_config")
+        draft = draft_layer(config)
+        reason = reason or rules.dsv4_speculative_reason(
+            speculative=getattr(config, "speculative_config", None) is not None, draft=draft
+        )
         if reason is not None:
             raise rules.UnsupportedConfiguration(f"{self.prefix}: {reason}")
         self.sparkseal_max_smem_bytes = rules.max_smem_bytes()
-        _announce(
-            type(self),
-            self.sparkseal_max_smem_bytes,
-            draft_layer(args[0] if args else kwargs.get("vllm_config")),
-        )
+        _announce(type(self), self.sparkseal_max_smem_bytes, draft)
 
     def _forward_decode(
         self,

@@ -294,41 +294,80 @@ def test_v4_decode_writes_vllms_output_buffer_in_place(vllm_dsv4, monkeypatch: p
     assert bool((strided == 2).all())
 
 
+class V4Base:
+    """The attributes vLLM's V4 attention classes give our mix-in (a window-only layer)."""
+
+    def __init__(self, vllm_config: object, prefix: str, **_: object) -> None:
+        self.prefix, self.kv_cache_dtype, self.padded_heads = prefix, "fp8_ds_mla", 64
+        self.head_dim, self.rope_head_dim, self.compress_ratio, self.window_size = 512, 64, 1, 128
+        self.topk_indices_buffer = None  # the draft's layers get none: they are window-only
+
+    def _uses_fp8_ds_mla_layout(self) -> bool:
+        return True
+
+    def _forward_decode(self, *args: object) -> None:
+        raise AssertionError("replaced by ours")
+
+
+def _v4_config(non_causal: bool, speculative: object = None) -> object:
+    """The parts of vLLM's configuration the class reads: the draft's attention config sets non-causal."""
+    from types import SimpleNamespace
+
+    attention = SimpleNamespace(backend=None, use_non_causal=non_causal)
+    return SimpleNamespace(attention_config=attention, speculative_config=speculative)
+
+
 def test_the_server_log_names_the_draft_layers_on_our_v4_class(  # type: ignore[no-untyped-def]
     vllm_dsv4, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """vLLM builds V4's DSpark draft under an attention config with ``use_non_causal`` set (and the
     speculative config's backend); our class says so in one more line, which the H200 phase looks for."""
-    from types import SimpleNamespace
-
-    class Base:
-        def __init__(self, vllm_config: object, prefix: str, **_: object) -> None:
-            self.prefix, self.kv_cache_dtype, self.padded_heads = prefix, "fp8_ds_mla", 64
-            self.head_dim, self.rope_head_dim, self.compress_ratio, self.window_size = 512, 64, 1, 128
-            self.topk_indices_buffer = None  # the draft's layers get none: they are window-only
-
-        def _uses_fp8_ds_mla_layout(self) -> bool:
-            return True
-
-        def _forward_decode(self, *args: object) -> None:
-            raise AssertionError("replaced by ours")
-
-    def config(non_causal: bool) -> SimpleNamespace:
-        return SimpleNamespace(attention_config=SimpleNamespace(backend=None, use_non_causal=non_causal))
+    config = _v4_config
 
     assert vllm_dsv4.draft_layer(config(True)) is True
     assert vllm_dsv4.draft_layer(config(False)) is False
     assert vllm_dsv4.draft_layer(None) is False
     monkeypatch.delenv(rules.MAX_SMEM_ENV, raising=False)
-    cls = vllm_dsv4.attention_class(Base)
+    cls = vllm_dsv4.attention_class(V4Base)
     caplog.set_level("INFO", logger="vllm.sparkseal")
     for prefix, non_causal in (("model.layers.0.attn", False), ("model.layers.1.attn", False)):
         cls(config(non_causal), prefix=prefix)
     for prefix in ("model.layers.6.attn", "model.layers.7.attn"):
         cls(config(True), prefix=prefix)
     assert [r.getMessage() for r in caplog.records if r.name == "vllm.sparkseal"] == [
-        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel (SparksealBase, shared memory cap "
+        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel (SparksealV4Base, shared memory cap "
         "the device's limit)",
-        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel in the speculative draft (SparksealBase, "
+        "sparkseal: DeepSeek V4 decode runs the sparkseal kernel in the speculative draft (SparksealV4Base, "
         "shared memory cap the device's limit)",
     ]
+
+
+def test_a_v4_target_on_our_class_is_refused_under_speculative_decoding(  # type: ignore[no-untyped-def]
+    vllm_dsv4, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's layers under a speculative config are refused when vLLM builds them (an H200 run died
+    at its first verification step); the draft's own layers, and the override for reproducing, are not."""
+    monkeypatch.delenv(rules.MAX_SMEM_ENV, raising=False)
+    monkeypatch.delenv(rules.V4_SPECULATIVE_ENV, raising=False)
+    cls = vllm_dsv4.attention_class(V4Base)
+    speculative = object()  # vLLM's SpeculativeConfig; only its presence is read
+    with pytest.raises(rules.UnsupportedConfiguration) as refused:
+        cls(_v4_config(False, speculative), prefix="model.layers.0.attn")
+    assert str(refused.value) == (
+        "model.layers.0.attn: sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py): speculative "
+        "decoding with the target's layers on this kernel: expected no --speculative-config (on vLLM 0.25.1 "
+        "the first verification step ended in a device-side assert; bench/results/vllm_backend.md, 4c); "
+        "serve the target on vLLM's V4 class (no --attention-backend CUSTOM and SPARKSEAL_SPARSE_MLA unset, "
+        "or FLASHMLA_SPARSE_DSV4 on an H200), or set SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 to reproduce "
+        "the failure"
+    )
+    cls(_v4_config(True, speculative), prefix="model.layers.6.attn")  # the draft's layer
+    cls(_v4_config(False), prefix="model.layers.0.attn")  # no speculative decoding
+    monkeypatch.setenv(rules.V4_SPECULATIVE_ENV, "1")
+    cls(_v4_config(False, speculative), prefix="model.layers.0.attn")
+    monkeypatch.setenv(rules.V4_SPECULATIVE_ENV, "later")
+    with pytest.raises(
+        rules.UnsupportedConfiguration,
+        match=r"^SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE: expected 1 or 0, got 'later'$",
+    ):
+        cls(_v4_config(False, speculative), prefix="model.layers.0.attn")
