@@ -235,12 +235,13 @@ int check_params(const sparkseal_sparse_mla_params *p, bool check_pointers, Layo
     return fail(kInvalid, "params.q_stride_token: expected a multiple of 8 >= %lld, got %lld",
                 static_cast<long long>(p->q_stride_head * h), static_cast<long long>(p->q_stride_token));
   }
-  if (p->out_stride_head < kDV || p->out_stride_head % 2 != 0) {
-    return fail(kInvalid, "params.out_stride_head: expected an even value >= %d, got %lld", kDV,
+  // The FP8 and FP8X2 paths store 4 bf16 values (8 bytes) at a time: rows start 8-byte aligned.
+  if (p->out_stride_head < kDV || p->out_stride_head % 4 != 0) {
+    return fail(kInvalid, "params.out_stride_head: expected a multiple of 4 >= %d, got %lld", kDV,
                 static_cast<long long>(p->out_stride_head));
   }
-  if (p->out_stride_token < p->out_stride_head * h || p->out_stride_token % 2 != 0) {
-    return fail(kInvalid, "params.out_stride_token: expected an even value >= %lld, got %lld",
+  if (p->out_stride_token < p->out_stride_head * h || p->out_stride_token % 4 != 0) {
+    return fail(kInvalid, "params.out_stride_token: expected a multiple of 4 >= %lld, got %lld",
                 static_cast<long long>(p->out_stride_head * h), static_cast<long long>(p->out_stride_token));
   }
   if (p->lse_stride_token < h) {
@@ -286,8 +287,8 @@ int check_params(const sparkseal_sparse_mla_params *p, bool check_pointers, Layo
     if (p->q == nullptr || !aligned(p->q, 16)) {
       return fail(kInvalid, "params.q: expected a 16-byte aligned pointer, got %p", p->q);
     }
-    if (p->out == nullptr || !aligned(p->out, 4)) {
-      return fail(kInvalid, "params.out: expected a 4-byte aligned pointer, got %p", p->out);
+    if (p->out == nullptr || !aligned(p->out, 8)) {
+      return fail(kInvalid, "params.out: expected an 8-byte aligned pointer, got %p", p->out);
     }
     if (p->lse == nullptr || !aligned(p->lse, 4)) {
       return fail(kInvalid, "params.lse: expected a 4-byte aligned pointer, got %p",

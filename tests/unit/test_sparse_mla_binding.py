@@ -411,6 +411,13 @@ def lib(kernels_library: Path) -> object:
             64 * 584 + 8,
             r"params.caches\[1\].page_stride_bytes: expected a multiple of 16 >= 37376",
         ),
+        # even, but the fp8 paths' 8-byte stores need rows at multiples of 4 elements
+        ("out_stride_head", 514, r"params.out_stride_head: expected a multiple of 4 >= 512, got 514"),
+        (
+            "out_stride_token",
+            16 * 512 + 2,
+            r"params.out_stride_token: expected a multiple of 4 >= 8192, got 8194",
+        ),
     ],
 )
 def test_library_rejects_bad_params_before_touching_the_gpu(

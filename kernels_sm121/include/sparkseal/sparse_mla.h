@@ -67,7 +67,8 @@
  *
  * Alignment: q, the cache data and every page stride are 16-byte aligned; q's
  * rows (q_stride_head, q_stride_token) are multiples of 8 elements; out is
- * 4-byte aligned with even strides.
+ * 8-byte aligned with strides that are multiples of 4 elements (the FP8 and
+ * FP8X2 paths store 4 bf16 values at a time).
  *
  * Work split. Each CTA handles one token, a group of heads and a contiguous
  * range of 64-key (or 32-key) tiles. When tokens x head groups cannot fill the
