@@ -4,10 +4,9 @@ Takes a layer blob the image build wrote, or builds one layer tar with sparkseal
 unpacked wheel(s) as the image build would write them below /opt/venv. Then runs ``scan_layer_stream``
 over it twice: with the scan module of ``--before`` (a git revision; before the rule catalogue landed it
 ran our hand-kept rules only, and it is called that way) and with the working tree's (our rules plus the
-locked Kingfisher catalogue). Times are CPU seconds of this process and
-its children (the scanner runs as a child; robust against other load on the machine) and wall seconds;
-the Kingfisher rule database is compiled once before the timed run (the image build's first layer pays
-that once, ~15 s).
+locked Kingfisher catalogue). Times are CPU seconds of this process and its children (the scanner runs as
+a child; robust against other load on the machine) and wall seconds; the Kingfisher rule database is
+compiled once before the timed run (the image build's first layer pays that once, ~15 s).
 
     ~/.cache/sparkseal/venv/bin/python bench/scan.py --before main --wheel torch-...whl --out OUT.md
     ~/.cache/sparkseal/venv/bin/python bench/scan.py --before main \\

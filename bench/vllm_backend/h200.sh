@@ -177,17 +177,18 @@ serve-dsv4-dspark)
     log=$v4_out/$name.server.log
     grep -h "Sparkseal\|sparkseal\|CUSTOM\|DSpark\|Error\|error" "$log" | sort | uniq -c | head -30 || true
     status=0
-    # Our class announces itself once for the target's layers and once more for the draft's.
-    for role in "kernel (:$backend" "kernel in the speculative draft (:$draft_backend"; do
-        expected=${role##*:}
-        role=${role%:*}
-        if grep -qF "DeepSeek V4 decode runs the sparkseal $role" "$log"; then
-            echo "our V4 class: '$role' announced"
-        elif [ "$expected" = CUSTOM ]; then
-            echo "our V4 class: '$role' NOT announced" >&2
+    # Our class announces itself once for the target's layers and once more for the draft's; each must,
+    # where that side was given CUSTOM.
+    announced() {
+        if grep -qF "DeepSeek V4 decode runs the sparkseal $1" "$log"; then
+            echo "our V4 class: '$1' announced"
+        elif [ "$2" = CUSTOM ]; then
+            echo "our V4 class: '$1' NOT announced" >&2
             status=1
         fi
-    done
+    }
+    announced "kernel (" "$backend"
+    announced "kernel in the speculative draft (" "$draft_backend"
     for check in c1 c8; do
         "$python" - "$v4_out/$name-$check.json" <<'PY' || status=1
 import json, sys

@@ -322,18 +322,16 @@ def test_the_server_log_names_the_draft_layers_on_our_v4_class(  # type: ignore[
 ) -> None:
     """vLLM builds V4's DSpark draft under an attention config with ``use_non_causal`` set (and the
     speculative config's backend); our class says so in one more line, which the H200 phase looks for."""
-    config = _v4_config
-
-    assert vllm_dsv4.draft_layer(config(True)) is True
-    assert vllm_dsv4.draft_layer(config(False)) is False
+    assert vllm_dsv4.draft_layer(_v4_config(True)) is True
+    assert vllm_dsv4.draft_layer(_v4_config(False)) is False
     assert vllm_dsv4.draft_layer(None) is False
     monkeypatch.delenv(rules.MAX_SMEM_ENV, raising=False)
     cls = vllm_dsv4.attention_class(V4Base)
     caplog.set_level("INFO", logger="vllm.sparkseal")
     for prefix, non_causal in (("model.layers.0.attn", False), ("model.layers.1.attn", False)):
-        cls(config(non_causal), prefix=prefix)
+        cls(_v4_config(non_causal), prefix=prefix)
     for prefix in ("model.layers.6.attn", "model.layers.7.attn"):
-        cls(config(True), prefix=prefix)
+        cls(_v4_config(True), prefix=prefix)
     assert [r.getMessage() for r in caplog.records if r.name == "vllm.sparkseal"] == [
         "sparkseal: DeepSeek V4 decode runs the sparkseal kernel (SparksealV4Base, shared memory cap "
         "the device's limit)",
