@@ -201,18 +201,24 @@ def sparse_mla_decode_ref(
     for start in range(0, num_tokens, token_chunk):
         stop = min(start + token_chunk, num_tokens)
         qc = q[start:stop].float()
-        scores, values = [], []
+        scores, values, used = [], [], []
         for kv, idx, lengths in sources:
-            idx = idx[start:stop].long()
+            idx = idx[start:stop].reshape(stop - start, -1).long()
             valid = _valid_mask(idx, None if lengths is None else lengths[start:stop], kv.shape[0])
             rows = kv[idx.clamp(0, kv.shape[0] - 1)]  # [t, k, q_dim]
             s = torch.einsum("thd,tkd->thk", qc, rows) * softmax_scale
             scores.append(s.masked_fill(~valid.unsqueeze(1), float("-inf")))
-            values.append(rows[..., :V_DIM] * valid.unsqueeze(-1))
+            # Invalid entries contribute exact zeros; a NaN in a valid record stays NaN, as in the kernels.
+            values.append(
+                torch.where(valid.unsqueeze(-1), rows[..., :V_DIM], torch.zeros_like(rows[..., :V_DIM]))
+            )
+            used.append(valid.any(dim=1))
         s = torch.cat(scores, dim=2)
         v = torch.cat(values, dim=1)
         m = s.amax(dim=2, keepdim=True)
-        has_any = torch.isfinite(m)
+        # A row is empty when it has no valid entry, not when its scores are not finite: a NaN key must give
+        # a NaN row (it did in the kernels), never the empty row's zeros.
+        has_any = torch.stack(used).any(dim=0).view(-1, 1, 1).expand_as(m)
         p = torch.exp(s - torch.where(has_any, m, torch.zeros_like(m)))
         total = p.sum(dim=2, keepdim=True)
         denom = total

@@ -96,6 +96,24 @@ def test_rows_without_valid_index_give_zero_and_empty_lse(layout: Layout) -> Non
     assert math.isfinite(EMPTY_LSE)
 
 
+def test_a_nan_record_a_row_reads_makes_the_row_nan_and_one_it_skips_does_not() -> None:
+    # DeepSeek V4 on an H200 machine: DSpark's draft cache held a record whose RoPE bytes were NaN (0x7FFF)
+    # and whose scale byte was 0. Both kernels gave NaN rows; the reference used to call such a row empty
+    # (its score maximum was not finite) and return zeros, so a comparison with it could not fail.
+    cache = random_cache(V4_FP8, 2, generator=torch.Generator().manual_seed(7))
+    slot = 9
+    page = cache[0].reshape(-1)
+    page[slot * 576 + 448 : slot * 576 + 576] = torch.tensor([0xFF, 0x7F] * 64, dtype=torch.uint8)
+    page[PAGE_SIZE * 576 + slot * 8 : PAGE_SIZE * 576 + slot * 8 + 7] = 0
+    q = torch.ones(3, 16, V4_FP8.q_dim, dtype=torch.bfloat16)
+    indices = _indices([[3, slot, 4], [3, 4, slot], [3, 4]])
+    lengths = torch.tensor([3, 2, 2], dtype=torch.int32)
+    out, lse = sparse_mla_decode_ref(q, cache, indices, 0.1, V4_FP8, topk_length=lengths)
+    assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
+    assert torch.isfinite(out[1:]).all() and torch.isfinite(lse[1:]).all()
+    torch.testing.assert_close(out[1], out[2])
+
+
 def test_topk_length_and_minus_one_skip_entries() -> None:
     layout = V32_FP8
     gen = torch.Generator().manual_seed(3)
