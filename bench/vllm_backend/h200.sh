@@ -151,6 +151,34 @@ serve-dsv4)
         --check "dsv4-ours-smem$cap:--concurrency 8 --against $v4_ref ${v4_long[*]}"
     grep -h "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$v4_out"/*.server.log | sort | uniq -c | head -30 || true
     ;;
+nan-dsv4-dspark)
+    # Where a NaN starts (bench/results/vllm_backend.md 5): target and draft through BACKEND (default CUSTOM),
+    # eager (the checks synchronise), CONCURRENCY clients (default 1), SOAK requests (default 120); our V4
+    # class's debug switch (sparkseal/runtime/vllm_dsv4_debug.py) and the sampler's NaN count
+    # (bench/vllm_backend/hooks) on; SEED > 0 seeds the weights (hooks), 0 keeps vLLM's dummy weights.
+    conc=${3:-1}
+    backend=${4:-CUSTOM}
+    seed=${5:-0}
+    soak=${6:-120}
+    dsv4_setup
+    sites=(--site "$repo/bench/vllm_backend/hooks" "${sites[@]}")
+    name=nan-dsv4-dspark-$backend-c$conc-seed$seed
+    env=(--env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 --env SPARKSEAL_SAMPLER_NAN=1
+        --env "SPARKSEAL_SPARSE_MLA_V4_DEBUG=$v4_out/$name-dumps")
+    [ "$seed" = 0 ] || env+=(--env "SPARKSEAL_SEEDED_WEIGHTS=$seed")
+    serve_v4 --name "$name" --dspark --draft-attention-backend "$backend" --vllm-arg=--attention-backend \
+        --vllm-arg="$backend" --vllm-arg=--enforce-eager "${env[@]}" \
+        --check "$name:--speculation required --concurrency $conc --soak $soak ${v4_long[*]}"
+    grep -h "sparkseal debug\|sampler-nan\|seeded-weights\|Error\|error" "$v4_out/$name.server.log" | head -60 || true
+    dumps=("$v4_out/$name-dumps"/*.pt)
+    [ -e "${dumps[0]}" ] && "$python" bench/vllm_backend/replay_nan.py "${dumps[@]}" 2>&1 | tail -80 || true
+    "$python" - "$v4_out/$name.json" <<'PY' || true
+import json, sys
+report = json.load(open(sys.argv[1]))
+for step in report["steps"]:
+    print(step["name"], step.get("ok"), json.dumps(step.get("details", step))[:400])
+PY
+    ;;
 serve-dsv4-dspark)
     # The same target with its DSpark draft (model_dsv4.py --dspark: V4 decoder layers after the target's).
     # vLLM builds the draft under the speculative config's attention_backend, not --attention-backend

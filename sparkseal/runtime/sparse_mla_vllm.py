@@ -179,22 +179,24 @@ def dsv4_speculative_reason(
     """Why a DeepSeek V4 target layer may not decode on our kernel under speculative decoding, or ``None``.
 
     On vLLM 0.25.1, a tiny V4 served on an H200 machine with a DSpark draft and the target's layers on
-    our class died at its first verification step (a device-side assert: an index out of range in an
-    ``index_select``), whether the draft ran our class or FlashMLA's. The same target without a draft
-    served on our class; target and draft both on FlashMLA's class served one request at a time
-    (lossless, acceptance 0.83) and died with the same assert at 8 at a time
-    (``bench/results/vllm_backend.md``, 4c). The cause is not found, and ours fails where vLLM's does not:
-    refusing at start-up beats an engine that dies at its first request. A draft's own layers are not
-    refused: that pairing (target on vLLM's class, draft on ours) was not run.
+    our class died at its first verification steps (a device-side assert after NaN target logits), whether
+    the draft ran our class or FlashMLA's; vLLM's own class served the pair one request at a time and died
+    the same way at 8. With our class's debug switch (``vllm_dsv4_debug``) the first NaN was traced to the
+    draft's window cache: the record of the prompt's last position held a NaN latent (RoPE bytes 0x7FFF)
+    in all three draft layers, and our kernel and FlashMLA's both gave NaN rows on those exact inputs
+    (``bench/results/vllm_backend.md``, 5). So the kernel is not the cause, but the pairing is not shown to
+    work: refusing at start-up beats an engine that dies at its first request. A draft's own layers are
+    not refused.
     """
     if not speculative or draft or _flag(V4_SPECULATIVE_ENV, environ):
         return None
     return (
         f"{DSV4_WHERE}: speculative decoding with the target's layers on this kernel: expected no "
-        "--speculative-config (on vLLM 0.25.1 the first verification step ended in a device-side assert; "
-        "bench/results/vllm_backend.md, 4c); serve the target on vLLM's V4 class (no --attention-backend "
-        f"CUSTOM and {SWITCH_ENV} unset, or FLASHMLA_SPARSE_DSV4 on an H200), or set {V4_SPECULATIVE_ENV}=1 "
-        "to reproduce the failure"
+        "--speculative-config (on vLLM 0.25.1 with a DSpark draft, the draft's cache held a NaN record "
+        "at the prompt's last position, which this kernel and FlashMLA's both turn into NaN rows, and the "
+        "engine died at its first verification steps; bench/results/vllm_backend.md, 5); serve the target "
+        f"on vLLM's V4 class (no --attention-backend CUSTOM and {SWITCH_ENV} unset, or FLASHMLA_SPARSE_DSV4 "
+        f"on an H200), or set {V4_SPECULATIVE_ENV}=1 to reproduce the failure"
     )
 
 

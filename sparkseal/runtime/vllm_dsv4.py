@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
 
 from sparkseal.runtime import sparse_mla_vllm as rules
+from sparkseal.runtime import vllm_dsv4_debug
 from sparkseal.runtime.sparse_mla import sparse_mla_decode, sparse_mla_decode_into
 
 # vLLM configures only its own logger tree; the plugin logs under it too.
@@ -47,8 +49,11 @@ class SparksealDecode:
 
     Attributes it reads are the base class's (``swa_cache_layer``, ``compress_ratio``,
     ``topk_indices_buffer``, ``attn_sink``, ``scale``, ``padded_heads``); it adds
-    ``sparkseal_max_smem_bytes``, the shared-memory cap the kernel plans under.
+    ``sparkseal_max_smem_bytes``, the shared-memory cap the kernel plans under, and
+    ``sparkseal_debug_dir``, where the debug switch saves a NaN call's inputs (``None``: off).
     """
+
+    sparkseal_debug_dir: Path | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,6 +76,7 @@ class SparksealDecode:
         if reason is not None:
             raise rules.UnsupportedConfiguration(f"{self.prefix}: {reason}")
         self.sparkseal_max_smem_bytes = rules.max_smem_bytes()
+        self.sparkseal_debug_dir = vllm_dsv4_debug.debug_dir()
         _announce(type(self), self.sparkseal_max_smem_bytes, draft)
 
     def _forward_decode(
@@ -89,6 +95,17 @@ class SparksealDecode:
             # vLLM 0.25.1 hands over a prefix of the layer's contiguous [tokens, padded_heads, 512] buffer
             # (DeepseekV4MLAAttention.forward's o_padded), so this is only a guard for other callers.
             output.copy_(sparse_mla_decode(**args)[0])
+        if self.sparkseal_debug_dir is not None:
+            base = super()._forward_decode  # type: ignore[misc]
+            vllm_dsv4_debug.check(
+                self,
+                args,
+                q,
+                output,
+                base,
+                (q, kv_cache, swa_metadata, attn_metadata, swa_only),
+                self.sparkseal_debug_dir,
+            )
 
     def sparkseal_decode_args(
         self,

@@ -354,10 +354,11 @@ def test_a_v4_target_on_our_class_is_refused_under_speculative_decoding(  # type
     assert str(refused.value) == (
         "model.layers.0.attn: sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py): speculative "
         "decoding with the target's layers on this kernel: expected no --speculative-config (on vLLM 0.25.1 "
-        "the first verification step ended in a device-side assert; bench/results/vllm_backend.md, 4c); "
-        "serve the target on vLLM's V4 class (no --attention-backend CUSTOM and SPARKSEAL_SPARSE_MLA unset, "
-        "or FLASHMLA_SPARSE_DSV4 on an H200), or set SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 to reproduce "
-        "the failure"
+        "with a DSpark draft, the draft's cache held a NaN record at the prompt's last position, which this "
+        "kernel and FlashMLA's both turn into NaN rows, and the engine died at its first verification steps; "
+        "bench/results/vllm_backend.md, 5); serve the target on vLLM's V4 class (no --attention-backend "
+        "CUSTOM and SPARKSEAL_SPARSE_MLA unset, or FLASHMLA_SPARSE_DSV4 on an H200), or set "
+        "SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 to reproduce the failure"
     )
     cls(_v4_config(True, speculative), prefix="model.layers.6.attn")  # the draft's layer
     cls(_v4_config(False), prefix="model.layers.0.attn")  # no speculative decoding
