@@ -270,7 +270,13 @@ def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _add_scan(commands: argparse._SubParsersAction) -> None:
-    from sparkseal.core.archives import KINDS, MAX_ARCHIVE_DEPTH
+    from sparkseal.core.archives import (
+        KINDS,
+        MAX_ARCHIVE_DEPTH,
+        MAX_HEADER_BYTES,
+        MAX_MEMBERS,
+        MAX_SCAN_MEMBERS,
+    )
     from sparkseal.core.scan import DEFAULT_ALLOW, RULES
 
     scan = commands.add_parser(
@@ -283,7 +289,11 @@ def _add_scan(commands: argparse._SubParsersAction) -> None:
         "untracked-not-ignored; bazel-* and .git skipped). --image reads every layer of an OCI layout "
         f"directory, OCI archive or docker archive. Archives among the files ({', '.join(KINDS)}) are "
         f"opened, {MAX_ARCHIVE_DEPTH} levels deep: a finding inside one is named ARCHIVE!member, and a "
-        "corrupt archive or a bomb is an error (exit 2). "
+        "corrupt archive or a bomb is an error (exit 2). Every member's bytes are scanned, a zip's "
+        "'symbolic links' too, and each archive's own bytes as well (a zip comment, appended data); a "
+        "tar must be read whole: data past its end (after its end blocks or a zero block, in a second gzip "
+        f"member) is refused, as is a tar header over {MAX_HEADER_BYTES} bytes, an archive of more than "
+        f"{MAX_MEMBERS} entries or a scan of more than {MAX_SCAN_MEMBERS} archive entries (exit 2). "
         f"Our rules: {', '.join(RULES)}. Findings are exit 1; each prints as file:line:rule with the match "
         "redacted.",
     )

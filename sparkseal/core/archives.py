@@ -9,9 +9,13 @@ the scan reads without anyone asking for it.
 
 Nothing here writes a member anywhere: each regular member is handed out as a stream with its name, and
 the caller decides where its bytes go (the scan writes them below a private scratch directory under a
-name of its own, so an absolute member path or one with ``..`` is only ever a label). Links, directories
-and devices are skipped, never followed. An archive that would unpack to more than
-:data:`MAX_UNPACKED_BYTES`, or (past :data:`RATIO_FROM_BYTES`) to more than :data:`MAX_COMPRESSION_RATIO`
+name of its own, so an absolute member path or one with ``..`` is only ever a label). A tar's links,
+directories and devices are skipped, never followed; a zip member flagged as a link is handed out like any
+other, since its bytes are data to an unzip that ignores the flag. A tar is read whole (what follows its
+reader's end must be zeros), its headers judged before they are read (:data:`MAX_HEADER_BYTES`), and
+entries are counted per archive and per scan (:data:`MAX_MEMBERS`, :data:`MAX_SCAN_MEMBERS`).
+An archive that would unpack to more than :data:`MAX_UNPACKED_BYTES`, or (past :data:`RATIO_FROM_BYTES`)
+to more than :data:`MAX_COMPRESSION_RATIO`
 times its own size, is refused before the member that crosses the limit is read: a zip as a whole from
 its directory, before any member; a tar member by member, from each header, since a compressed tar
 states its size nowhere else. Every failure is an :class:`ArchiveError` naming the archive, the format
@@ -22,18 +26,18 @@ Standard library only, besides the zstandard module for ``.tar.zst`` (``sparksea
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
 import lzma
-import stat
 import tarfile
 import zipfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from sparkseal.core.debian_rootfs import DebError, read_ar
 from sparkseal.core.pzstd import ZstdUnavailable, load_zstandard
 from sparkseal.core.pzstd import reader as zstd_reader
 
@@ -50,6 +54,18 @@ MAX_COMPRESSION_RATIO = 100
 # The ratio is judged only past this many unpacked bytes: a small archive of repetitive text may
 # compress 200x and is harmless.
 RATIO_FROM_BYTES = 16 << 20
+# Entries (members of any type: files, directories, links; a tar's extension headers are not entries)
+# one archive found under PATH may hold, its nested archives' entries included, and one scan in all.
+# Each entry costs a header parse and (a file) a scratch copy and a scanner input, and Python's tar
+# reader keeps every header it has read: a few KB of compressed empty files would otherwise buy hours
+# and gigabytes. A torch wheel has about 15,000 entries, a Debian root file system about 60,000.
+MAX_MEMBERS = 250_000
+MAX_SCAN_MEMBERS = 1_000_000
+# Bytes of one tar extension header (pax ``x``/``g``, GNU long name/link ``L``/``K``), judged from its
+# own header block before its content is read; and of all the extension headers in front of one entry,
+# and of all the global (``g``) headers of one archive, which the tar reader keeps for the rest of it.
+# A path is at most 4096 bytes on Linux; extended attributes (ACLs, capabilities) fit easily too.
+MAX_HEADER_BYTES = 1 << 20
 
 
 class ArchiveError(Exception):
@@ -123,10 +139,38 @@ def member_name(name: str) -> str:
 
 
 @dataclass
+class Tally:
+    """The archive entries one scan has read so far, over every archive it opened."""
+
+    members: int = 0
+
+
+@dataclass
 class Budget:
-    """The bytes one archive under PATH has unpacked so far, its nested archives' members included."""
+    """What one archive under PATH has unpacked so far, its nested archives' members included.
+
+    ``scan`` is shared by every archive of one scan, for :data:`MAX_SCAN_MEMBERS`.
+    """
 
     used: int = 0
+    members: int = 0
+    scan: Tally = field(default_factory=Tally)
+
+
+def _enter(shown: str, budget: Budget, position: int, where: str) -> None:
+    """Count one entry (the ``position``-th of ``shown``) before it is read; refuse past a member limit."""
+    budget.members += 1
+    budget.scan.members += 1
+    if budget.members > MAX_MEMBERS:
+        raise ArchiveError(
+            f"{shown}: refused, not read further: member {position}{where} would bring the entries of the "
+            f"archive to {budget.members}, over the limit of {MAX_MEMBERS} (MAX_MEMBERS)"
+        )
+    if budget.scan.members > MAX_SCAN_MEMBERS:
+        raise ArchiveError(
+            f"{shown}: refused, not read further: member {position}{where} would bring the archive entries "
+            f"of this scan to {budget.scan.members}, over the limit of {MAX_SCAN_MEMBERS} (MAX_SCAN_MEMBERS)"
+        )
 
 
 @dataclass(frozen=True)
@@ -194,16 +238,27 @@ class _Guarded(io.RawIOBase):
 
 
 def _zip_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> Iterator[Member]:
+    """Every member but directories, whatever its mode: a zip "symbolic link" holds bytes like any member,
+    and an unzip that ignores the flag writes them as a file, so they are scanned, never followed.
+    """
+    try:
+        with path.open("rb") as raw:
+            end = zipfile._EndRecData(raw)  # type: ignore[attr-defined]  # the stdlib's own EOCD reader
+    except OSError as error:
+        raise _unreadable(shown, kind, error) from error
+    # The count its end record states, judged before the directory is read into memory; the directory
+    # itself is counted again below, since the record's count is not what zipfile reads.
+    stated = end[zipfile._ECD_ENTRIES_TOTAL] if end else 0  # type: ignore[attr-defined]
+    if budget.members + stated > MAX_MEMBERS or budget.scan.members + stated > MAX_SCAN_MEMBERS:
+        _limit_members(shown, budget, stated, "its end record")
     try:
         archive = zipfile.ZipFile(path)
     except _READ_ERRORS as error:
         raise _unreadable(shown, kind, error) from error
     with archive:
-        entries = [
-            info
-            for info in archive.infolist()
-            if not info.is_dir() and not stat.S_ISLNK(info.external_attr >> 16)  # links are not followed
-        ]
+        listed = archive.infolist()
+        _limit_members(shown, budget, len(listed), "its directory")
+        entries = [info for info in listed if not info.is_dir()]
         declared = sum(info.file_size for info in entries)
         # The directory states every size: a bomb is refused before its first member is read. zipfile
         # reads no more than a member's stated size, so the sizes cannot lie about what is unpacked.
@@ -227,10 +282,137 @@ def _zip_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> I
                 )
 
 
-def _tar_members(
-    raw: IO[bytes], packed: int, shown: str, kind: ArchiveKind, compression: str, budget: Budget
-) -> Iterator[Member]:
-    errors = _READ_ERRORS
+def _limit_members(shown: str, budget: Budget, count: int, source: str) -> None:
+    """Count a zip's ``count`` entries (as ``source`` lists them) at once, refusing past a member limit."""
+    if budget.members + count > MAX_MEMBERS:
+        raise ArchiveError(
+            f"{shown}: refused, not read further: {source} lists {count} entries, which would bring the "
+            f"entries of the archive to {budget.members + count}, over the limit of {MAX_MEMBERS} "
+            "(MAX_MEMBERS)"
+        )
+    if budget.scan.members + count > MAX_SCAN_MEMBERS:
+        raise ArchiveError(
+            f"{shown}: refused, not read further: {source} lists {count} entries, which would bring the "
+            f"archive entries of this scan to {budget.scan.members + count}, over the limit of "
+            f"{MAX_SCAN_MEMBERS} (MAX_SCAN_MEMBERS)"
+        )
+    if source == "its directory":
+        budget.members += count
+        budget.scan.members += count
+
+
+# Tar header types whose content the reader reads into memory before the entry they extend.
+_EXTENSIONS = {
+    tarfile.XHDTYPE: "pax extended header",
+    tarfile.SOLARIS_XHDTYPE: "pax extended header",
+    tarfile.XGLTYPE: "pax global header",
+    tarfile.GNUTYPE_LONGNAME: "GNU long name header",
+    tarfile.GNUTYPE_LONGLINK: "GNU long link header",
+}
+
+
+@dataclass
+class _TarState:
+    """What one tar's bounded header reader has seen: entries, pending extension bytes, global bytes."""
+
+    shown: str
+    kind: ArchiveKind
+    budget: Budget
+    entries: int = 0
+    pending: int = 0
+    globals: int = 0
+    start: int = 0  # where the member being read starts: its first (extension) header
+
+
+def _bounded_tarinfo(state: _TarState) -> type[tarfile.TarInfo]:
+    """A TarInfo class that judges every header from its 512-byte block, before its content is read.
+
+    Python's reader reads a pax or GNU long-name header's content whole, at the size its block states,
+    and keeps global headers for the rest of the archive: bounded here by :data:`MAX_HEADER_BYTES`.
+    GNU sparse entries are refused: their maps are read block by block with no bound, and no wheel,
+    sdist or .deb holds one. ``_proc_member`` is the hook tarfile documents for subclasses.
+    """
+
+    class Bounded(tarfile.TarInfo):
+        def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+            position = state.entries + 1
+            if state.pending == 0:  # the member's first header: where its position is counted from
+                state.start = self.offset
+            where = f" (its header at byte {state.start} of the tar)"
+            what = _EXTENSIONS.get(self.type)
+            if what is not None:
+                state.pending += self.size
+                if self.type == tarfile.XGLTYPE:
+                    state.globals += self.size
+                over = [
+                    (self.size, f"its {what} states {self.size} bytes"),
+                    (state.pending, f"its extension headers state {state.pending} bytes in all"),
+                    (state.globals, f"the archive's global headers state {state.globals} bytes in all"),
+                ]
+                for size, said in over:
+                    if size > MAX_HEADER_BYTES:
+                        raise ArchiveError(
+                            f"{state.shown}: refused, not read further: member {position}{where}: {said}, "
+                            f"over the limit of {MAX_HEADER_BYTES} bytes (MAX_HEADER_BYTES)"
+                        )
+                return super()._proc_member(tar)  # type: ignore[misc]
+            if self.type == tarfile.GNUTYPE_SPARSE:
+                raise ArchiveError(
+                    f"{state.shown}: expected {state.kind.description}, cannot read it (member "
+                    f"{position}{where}): a GNU sparse member, whose map is read without a bound"
+                )
+            state.entries, state.pending = position, 0
+            _enter(state.shown, state.budget, position, where)
+            return super()._proc_member(tar)  # type: ignore[misc]
+
+        def _proc_gnusparse_10(self, *_args: object) -> None:
+            raise ArchiveError(
+                f"{state.shown}: expected {state.kind.description}, cannot read it (member "
+                f"{state.entries + 1}): a GNU sparse member (pax format 1.0), whose map is read "
+                "without a bound"
+            )
+
+    return Bounded
+
+
+class _Counted(io.RawIOBase):
+    """The decompressed bytes of a tar as its reader reads them, counted, with the last non-zero byte.
+
+    After the reader stops, what follows its end must be zeros: see :func:`_tar_members`.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__()
+        self._stream = stream
+        self.count = 0
+        self.last = -1  # position of the last byte that is not zero
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        kept = len(data.rstrip(b"\0"))
+        if kept:
+            self.last = self.count + kept - 1
+        self.count += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _decompressed(raw: IO[bytes], shown: str, kind: ArchiveKind, compression: str) -> tuple[IO[bytes], tuple]:
+    """The tar inside ``raw``, every member or frame of it (``gzip -d`` reads a second gzip member too)."""
+    errors: tuple[type[BaseException], ...] = _READ_ERRORS
+    if compression == "gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb"), errors  # type: ignore[return-value]
+    if compression == "bz2":
+        return bz2.BZ2File(raw), errors  # type: ignore[return-value]
+    if compression == "xz":
+        return lzma.LZMAFile(raw), errors  # type: ignore[return-value]
     if compression == "zst":
         try:
             zstandard = load_zstandard()
@@ -240,13 +422,25 @@ def _tar_members(
                 f"imported ({error.__cause__}); install it (the locked version is named in "
                 "third_party/zstd/zstandard.lock.json) to scan zstd archives"
             ) from error
-        errors = (*errors, zstandard.ZstdError)
-        source: IO[bytes] = zstd_reader(raw, zstandard)  # type: ignore[arg-type]
-        mode = "r|"
-    else:
-        source, mode = raw, f"r|{compression}"
+        return zstd_reader(raw, zstandard), (*errors, zstandard.ZstdError)  # type: ignore[arg-type]
+    return raw, errors
+
+
+def _tar_members(
+    raw: IO[bytes], packed: int, shown: str, kind: ArchiveKind, compression: str, budget: Budget
+) -> Iterator[Member]:
+    """The members of a tar, read whole: after the reader's end, anything but zeros is refused.
+
+    A reader stops at the first zero block (end of archive) or, past the first member, at a header it
+    cannot parse; ``tar -i`` reads on, and ``gzip -d`` unpacks a second gzip member that Python's
+    stream reader never sees. Such bytes would be unpacked by someone and never scanned, so an archive
+    holding any is refused, not scanned in part.
+    """
+    source, errors = _decompressed(raw, shown, kind, compression)
+    counted = _Counted(source)
+    state = _TarState(shown, kind, budget)
     try:
-        tar = tarfile.open(fileobj=source, mode=mode)  # noqa: SIM115 - closed below
+        tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_bounded_tarinfo(state))  # noqa: SIM115
     except errors as error:
         raise _unreadable(shown, kind, error) from error
     unpacked = 0
@@ -256,7 +450,7 @@ def _tar_members(
             try:
                 member = next(members)
             except StopIteration:
-                return
+                break
             except errors as error:
                 raise _unreadable(shown, kind, error) from error
             if not member.isfile():  # directories, links (not followed), devices
@@ -272,28 +466,117 @@ def _tar_members(
                 raise _unreadable(shown, kind, error, name) from error
             assert stream is not None  # a regular member always has content
             yield Member(name, member.size, _Guarded(stream, shown, kind, name, errors))
+        end = tar.offset
+    _read_to_end(counted, end, packed, shown, kind, errors, budget)
+
+
+def _read_to_end(
+    counted: _Counted,
+    end: int,
+    packed: int,
+    shown: str,
+    kind: ArchiveKind,
+    errors: tuple[type[BaseException], ...],
+    budget: Budget,
+) -> None:
+    """Read what follows a tar's end (under the bomb limits); refuse it unless it is all zeros."""
+    try:
+        while counted.last < end and counted.read(_DRAIN):
+            extra = counted.count - end
+            _admit(shown, packed, counted.count, budget, extra, "what follows its end")
+    except errors as error:
+        raise _unreadable(shown, kind, error, "after its end") from error
+    if counted.last >= end:
+        raise ArchiveError(
+            f"{shown}: expected {kind.description}, cannot read it whole: the tar reader stops at byte "
+            f"{end} (an end or zero block, or a header it cannot read), and bytes that are not zero "
+            "follow it; refused, since an unpacker that reads on (tar -i, gzip -d over a second member) "
+            "would unpack what the scan did not see"
+        )
+
+
+_DRAIN = 1 << 20
 
 
 def _deb_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> Iterator[Member]:
-    """The members of a .deb's data.tar, read with the rootfs builder's ar reader (the .deb in memory).
+    """The members of a .deb's data.tar, streamed from the .deb on disk (its ar headers read first).
 
-    Its tar reader is not used: it decompresses a whole member in memory with no limit, where the scan
-    must refuse a bomb before unpacking it, and it does not read zstd (Ubuntu's .debs).
+    The rootfs builder's reader is not used: it reads the .deb and decompresses a whole member in memory
+    with no limit, where the scan must refuse a bomb before unpacking it, and it does not read zstd.
     """
     try:
-        members = read_ar(path.read_bytes(), shown)
-    except (DebError, OSError) as error:
-        detail = str(error).removeprefix(f"{shown}: ")  # the reader names the file too
-        raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: {detail}") from error
-    data = sorted(name for name in members if name.startswith("data.tar"))
-    if len(data) != 1 or data[0] not in _DEB_DATA:
-        raise ArchiveError(
-            f"{shown}: expected {kind.description}, cannot read it: expected one member of "
-            f"{', '.join(_DEB_DATA)}, found {data or 'none'} among {sorted(members)}"
-        )
-    content, compression = members[data[0]], _DEB_DATA[data[0]]
-    tar = ArchiveKind(f"a Debian package whose {data[0]} is {_TAR_KINDS[compression].description}", "tar")
-    yield from _tar_members(io.BytesIO(content), len(content), shown, tar, compression, budget)
+        with path.open("rb") as raw:
+            listed = _ar_members(raw, shown, kind, budget)
+            data = sorted(name for name in listed if name.startswith("data.tar"))
+            if len(data) != 1 or data[0] not in _DEB_DATA:
+                raise ArchiveError(
+                    f"{shown}: expected {kind.description}, cannot read it: expected one member of "
+                    f"{', '.join(_DEB_DATA)}, found {data or 'none'} among {sorted(listed)}"
+                )
+            offset, size = listed[data[0]]
+            raw.seek(offset)
+            compression = _DEB_DATA[data[0]]
+            tar = ArchiveKind(
+                f"a Debian package whose {data[0]} is {_TAR_KINDS[compression].description}", "tar"
+            )
+            content = _Window(raw, size)
+            yield from _tar_members(content, size, shown, tar, compression, budget)  # type: ignore[arg-type]
+    except OSError as error:
+        raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: {error}") from error
+
+
+_AR_MAGIC = b"!<arch>\n"
+_AR_HEADER = 60
+
+
+def _ar_members(raw: IO[bytes], shown: str, kind: ArchiveKind, budget: Budget) -> dict[str, tuple[int, int]]:
+    """The members of an ar archive by name: (offset of its bytes, size), from its headers alone."""
+    where = f"{shown}: expected {kind.description}, cannot read it"
+    magic = raw.read(len(_AR_MAGIC))
+    if magic != _AR_MAGIC:
+        raise ArchiveError(f"{where}: expected an ar archive starting with {_AR_MAGIC!r}, got {magic!r}")
+    total = raw.seek(0, io.SEEK_END)
+    found: dict[str, tuple[int, int]] = {}
+    offset = len(_AR_MAGIC)
+    while offset < total:
+        raw.seek(offset)
+        header = raw.read(_AR_HEADER)
+        if len(header) != _AR_HEADER or header[58:60] != b"`\n":
+            raise ArchiveError(f"{where}: truncated or corrupt ar header at byte {offset}")
+        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
+        try:
+            size = int(header[48:58].decode("ascii").strip())
+        except ValueError as error:
+            raise ArchiveError(f"{where}: member {name!r}: bad size field {header[48:58]!r}") from error
+        start = offset + _AR_HEADER
+        if size < 0 or start + size > total:
+            raise ArchiveError(f"{where}: member {name!r} claims {size} bytes, only {total - start} remain")
+        _enter(shown, budget, len(found) + 1, f" (its ar header at byte {offset})")
+        found[name] = (start, size)
+        offset = start + size + (size & 1)
+    return found
+
+
+class _Window(io.RawIOBase):
+    """``size`` bytes of a file from its current position: one ar member, read as a stream."""
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        super().__init__()
+        self._raw, self._left = raw, size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        data = self._raw.read(size)
+        self._left -= len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 def members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> Iterator[Member]:

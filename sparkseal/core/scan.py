@@ -25,7 +25,11 @@ files, and the package ships in the image where the list would mean nothing.
 Archives among the files named on the command line (or the checkout's) are opened
 (``sparkseal.core.archives``: wheels, zips, sdists, tars, .debs, by name): read as files, their compressed
 bytes hid every secret from our rules, and the catalogue skips a file that looks like an archive. Their
-regular members are scanned instead, and those that are archives in turn, down to ``MAX_ARCHIVE_DEPTH``.
+regular members are scanned instead (a zip's "links" too: their bytes are data to any unzip), and those
+that are archives in turn, down to ``MAX_ARCHIVE_DEPTH``; and our rules read each archive's own bytes as
+well, so what lies outside its members (a zip comment, appended data) is scanned. A tar is read whole: one
+holding bytes past where the reader stops (after its end blocks or a zero block, in a second gzip member)
+is refused, as are headers and member counts over the limits of ``sparkseal.core.archives``.
 A finding inside one is named ``ARCHIVE!member`` (nested: ``outer!inner!member``), and so are allow-list
 paths for it. An archive that cannot be read, or is refused as a bomb, fails the scan
 (:class:`ScanInputError`, exit 2), as an unreadable image does: it is no finding, since the scan cannot
@@ -56,6 +60,7 @@ from sparkseal.core.archives import (
     ArchiveKind,
     Budget,
     Member,
+    Tally,
     archive_kind,
     members,
 )
@@ -760,12 +765,13 @@ class _PathScan:
         self.archives = 0
         self.notes: list[str] = []
         self.findings: list[Finding] = []
+        self.tally = Tally()  # archive entries over the whole scan (MAX_SCAN_MEMBERS)
 
     def file(self, source: Path, name: str) -> None:
         """Scan the file at ``source`` (named ``name``), or the members of the archive it is."""
         kind = archive_kind(name)
         if kind is not None:
-            self._archive(source, name, kind, 1, Budget())
+            self._archive(source, name, kind, 1, Budget(scan=self.tally))
             return
         self.files += 1
         with open(source, "rb") as content:
@@ -796,6 +802,19 @@ class _PathScan:
             raise ScanInputError(str(error)) from error
         finally:
             listed.close()  # closes the archive even when a member failed
+        self._raw(source, shown)
+
+    def _raw(self, source: Path, shown: str) -> None:
+        """Our rules over the archive's own bytes: what no reader hands out as a member is scanned too.
+
+        A zip's comment, bytes before or after its records, a compressed file's header fields: an
+        unzip shows some of them, and nobody's rules saw them. A match that one of the archive's members
+        already gave (a stored member's bytes lie in the archive as they are) is not reported twice.
+        """
+        inside = f"{shown}!"
+        seen = {(f.rule, f.match) for f in self.findings if f.path.startswith(inside)}
+        with open(source, "rb") as own:
+            self.findings.extend(f for f in scan_stream(shown, own) if (f.rule, f.match) not in seen)
 
     def _nested(self, member: Member, name: str, kind: ArchiveKind, depth: int, budget: Budget) -> None:
         # A file of its own, not a batch member: a zip needs to seek, and a batch may be scanned and

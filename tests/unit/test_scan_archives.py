@@ -330,3 +330,212 @@ def test_member_paths_never_leave_the_scratch_directory(
     assert report.files == 6  # the two links are not members with content: skipped, not followed
     assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing new anywhere, scratch empty again
     assert list(scratch.iterdir()) == []
+
+
+# Issue 39: an archive scan that cannot be starved (headers, member counts, .debs read whole) or blinded
+# (zip "links", bytes outside the members, a tar's bytes past where its reader stops).
+
+
+def _header_size(raw: bytes, at: int) -> int:
+    """The size the tar header block at byte ``at`` states (of an extension header: its content)."""
+    return tarfile.TarInfo.frombuf(raw[at : at + 512], "utf-8", "surrogateescape").size
+
+
+def test_a_tar_header_over_the_limit_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pax path or a GNU long name is judged from its header block, naming the member's position."""
+    monkeypatch.setattr(archives, "MAX_HEADER_BYTES", 4096)
+    long = "d/" * 2100 + "config.txt"  # 4210 bytes of path
+    for form, what in (
+        (tarfile.PAX_FORMAT, "pax extended header"),
+        (tarfile.GNU_FORMAT, "GNU long name header"),
+    ):
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w", format=form) as tar:
+            for name in ("a.txt", long):
+                info = tarfile.TarInfo(name)
+                info.size = len(SLACK)
+                tar.addfile(info, io.BytesIO(SLACK))
+        archive = tmp_path / f"long-{form}.tar.gz"
+        archive.write_bytes(gzip.compress(raw.getvalue()))
+        stated = _header_size(raw.getvalue(), 1024)  # after a.txt's header and its one data block
+        assert stated > 4096
+        with pytest.raises(scan.ScanInputError) as caught:
+            _scan(archive)
+        assert str(caught.value) == (
+            f"{archive}: refused, not read further: member 2 (its header at byte 1024 of the tar): its "
+            f"{what} states {stated} bytes, over the limit of 4096 bytes (MAX_HEADER_BYTES)"
+        )
+
+
+def test_extension_headers_are_bounded_in_all_before_one_member(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long name and a long link, each under the limit, are over it together."""
+    monkeypatch.setattr(archives, "MAX_HEADER_BYTES", 4096)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("n/" * 1200)
+        info.type, info.linkname = tarfile.SYMTYPE, "t/" * 1200
+        tar.addfile(info)
+    archive = tmp_path / "links.tar"
+    archive.write_bytes(raw.getvalue())
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(archive)
+    assert str(caught.value) == (
+        f"{archive}: refused, not read further: member 1 (its header at byte 0 of the tar): its "
+        "extension headers state 4802 bytes in all, over the limit of 4096 bytes (MAX_HEADER_BYTES)"
+    )
+
+
+def _empty_tar(count: int, prefix: str = "f") -> bytes:
+    return _tar({f"{prefix}{n}": b"" for n in range(count)})
+
+
+def test_members_per_archive_are_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(archives, "MAX_MEMBERS", 3)
+    sdist = tmp_path / "many.tar.gz"
+    sdist.write_bytes(gzip.compress(_empty_tar(5)))
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(sdist)
+    assert str(caught.value) == (
+        f"{sdist}: refused, not read further: member 4 (its header at byte 1536 of the tar) would bring "
+        "the entries of the archive to 4, over the limit of 3 (MAX_MEMBERS)"
+    )
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(_zip({f"pkg/f{n}.py": b"" for n in range(5)}))
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(wheel)
+    assert str(caught.value) == (
+        f"{wheel}: refused, not read further: its end record lists 5 entries, which would bring the "
+        "entries of the archive to 5, over the limit of 3 (MAX_MEMBERS)"
+    )
+    deb = tmp_path / "tool_1.0_arm64.deb"
+    deb.write_bytes(_deb({f"./usr/share/f{n}": b"" for n in range(5)}))
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(deb)
+    # The ar members count too: debian-binary, control.tar.gz, data.tar.xz, then data.tar's first one.
+    assert str(caught.value) == (
+        f"{deb}: refused, not read further: member 1 (its header at byte 0 of the tar) would bring the "
+        "entries of the archive to 4, over the limit of 3 (MAX_MEMBERS)"
+    )
+
+
+def test_members_per_scan_are_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(archives, "MAX_SCAN_MEMBERS", 5)
+    first, second = tmp_path / "a.tar", tmp_path / "b.tar"
+    first.write_bytes(_empty_tar(3))
+    second.write_bytes(_empty_tar(3))
+    assert _scan(first).files == 3  # one archive is within the limit
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(first, second)
+    assert str(caught.value) == (
+        f"{second}: refused, not read further: member 3 (its header at byte 1024 of the tar) would bring "
+        "the archive entries of this scan to 6, over the limit of 5 (MAX_SCAN_MEMBERS)"
+    )
+
+
+def test_a_zip_symbolic_link_is_scanned_as_the_data_it_is(tmp_path: Path) -> None:
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w") as archive:
+        info = zipfile.ZipInfo("pkg/config.txt")
+        info.external_attr = (0o120777 << 16) | 0x10  # S_IFLNK: an unzip that ignores it writes a file
+        archive.writestr(info, SLACK)
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(raw.getvalue())
+    report = _scan(wheel)
+    assert (report.files, _locations(report)) == (1, [f"{wheel}!pkg/config.txt:1:{RULE}"])
+
+
+def test_bytes_outside_a_zips_members_are_scanned(tmp_path: Path) -> None:
+    """Its comment and data appended after its end: our rules read the archive's own bytes too."""
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("cache.py", f"CACHE = '{HOME}/.cache'\n".encode())
+        archive.comment = f"built in {HOME}/src\n".encode()
+    commented = tmp_path / "commented.zip"
+    commented.write_bytes(raw.getvalue())
+    appended = tmp_path / "appended.zip"
+    appended.write_bytes(_zip({"a.txt": b"a\n"}) + f"\nfrom {HOME}/src\n".encode())
+    report = _scan(commented, appended)
+    assert [(f.path, f.rule, f.match) for f in report.findings] == [
+        (str(appended), "home-path", "/home/a***"),
+        (f"{commented}!cache.py", "home-path", "/home/a***"),
+        # the comment's match is the member's, so it is reported once, as the member's
+    ]
+    comment_only = tmp_path / "comment-only.zip"
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w") as archive:
+        archive.writestr("a.txt", b"a\n")
+        archive.comment = f"built in {HOME}/src\n".encode()
+    comment_only.write_bytes(raw.getvalue())
+    assert [(f.path, f.rule) for f in _scan(comment_only).findings] == [(str(comment_only), "home-path")]
+
+
+def _past_end(tmp_path: Path) -> dict[str, tuple[bytes, int]]:
+    """Tars whose bytes go on past where the reader stops: their bytes and where it stops."""
+    hidden = _tar({"config.txt": SLACK})
+    plain = _tar({"a.txt": b"a\n"})
+    return {
+        "appended.tar": (plain + hidden, len(plain) - 1024 * 8),
+        "zero-first.tar": (bytes(512) + hidden, 0),
+        "two-members.tar.gz": (gzip.compress(plain) + gzip.compress(hidden), len(plain) - 1024 * 8),
+        "two-frames.tar.zst": (
+            zstandard.ZstdCompressor().compress(plain) + zstandard.ZstdCompressor().compress(hidden),
+            len(plain) - 1024 * 8,
+        ),
+    }
+
+
+def test_a_tar_is_read_whole_or_refused(tmp_path: Path) -> None:
+    """After its end blocks, after a zero block, in a second gzip member: what tar -i or gzip -d unpacks."""
+    for name, (data, end) in _past_end(tmp_path).items():
+        if name != "zero-first.tar":
+            end = _tar({"a.txt": b"a\n"}).index(bytes(1024), 1024)  # the end blocks after a.txt
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(scan.ScanInputError) as caught:
+            _scan(path)
+        description = archives.archive_kind(name).description  # type: ignore[union-attr]
+        assert str(caught.value) == (
+            f"{path}: expected {description}, cannot read it whole: the tar reader stops at byte {end} "
+            "(an end or zero block, or a header it cannot read), and bytes that are not zero follow it; "
+            "refused, since an unpacker that reads on (tar -i, gzip -d over a second member) would "
+            "unpack what the scan did not see"
+        ), name
+    padded = tmp_path / "padded.tar.gz"  # zeros past the end, as tar's record padding: read as before
+    padded.write_bytes(gzip.compress(_tar({"a.txt": b"a\n"}) + bytes(20480)))
+    assert _scan(padded).files == 1
+
+
+def test_a_deb_is_streamed_not_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deb = tmp_path / "tool_1.0_arm64.deb"
+    deb.write_bytes(_deb({"./etc/tool/config.txt": SLACK}))
+    truncated = tmp_path / "truncated_1.0_arm64.deb"
+    truncated.write_bytes(deb.read_bytes()[:-10])
+    read_bytes = Path.read_bytes
+
+    def whole(self: Path) -> bytes:
+        assert self != deb, "the .deb was read whole"
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", whole)
+    assert _locations(_scan(deb)) == [f"{deb}!etc/tool/config.txt:1:{RULE}"]
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(truncated)
+    assert str(caught.value).startswith(
+        f"{truncated}: expected a Debian package (an ar archive with a data.tar member), cannot read it: "
+        "member 'data.tar.xz' claims "
+    )
+
+
+def test_the_help_says_what_is_read_whole_and_the_limits() -> None:
+    text = " ".join(_cli("--help").stdout.split())
+    assert (
+        "Every member's bytes are scanned, a zip's 'symbolic links' too, and each archive's own bytes as "
+        "well (a zip comment, appended data); a tar must be read whole: data past its end (after its end "
+        "blocks or a zero block, in a second gzip member) is refused, as is a tar header over 1048576 "
+        "bytes, an archive of more than 250000 entries or a scan of more than 1000000 archive entries "
+        "(exit 2)."
+    ) in text
