@@ -906,7 +906,11 @@ def _speculation_step(
 def _request_floor(
     report: Report, step: Step, floor: float, per_request: list[tuple[int, int] | None]
 ) -> None:
-    """Every request's accepted draft tokens per draft step against ``floor`` (serial soak only)."""
+    """Every request's accepted draft tokens per draft step against ``floor`` (serial soak only).
+
+    A request whose counts /metrics did not give, or that made no draft step, has no figure to judge: it
+    is named in a finding, never dropped without a word, since the floor holds for every request.
+    """
     lengths = {}  # request -> accepted per draft step; a request with no draft step has none
     for index, entry in enumerate(per_request):
         if entry is not None and entry[0] > 0:
@@ -914,6 +918,25 @@ def _request_floor(
     step.details["per_request"] = [list(entry) if entry is not None else None for entry in per_request]
     step.figures["floor_request_accepted_per_draft"] = floor
     step.figures["requests_measured"] = len(lengths)
+    unmeasured = [i for i, entry in enumerate(per_request) if entry is None]
+    undrafted = [i for i, entry in enumerate(per_request) if entry is not None and entry[0] <= 0]
+    step.figures["requests_unmeasured"] = len(unmeasured)
+    step.figures["requests_without_draft_steps"] = len(undrafted)
+    if lengths and (unmeasured or undrafted):
+        said = [
+            f"{len(found)} {what} ({', '.join(f'#{i}' for i in found)})"
+            for found, what in (
+                (unmeasured, "whose counts /metrics did not give"),
+                (undrafted, "that made no draft step"),
+            )
+            if found
+        ]
+        report.flag(
+            step,
+            "unjudged-requests",
+            f"speculation: {' and '.join(said)} of {len(per_request)} requests cannot be held to the floor "
+            f"--min-request-accepted-length {floor:g}",
+        )
     if not lengths:
         report.flag(
             step,

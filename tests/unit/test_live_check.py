@@ -712,3 +712,21 @@ def test_cli_floors_in_text_and_json():
     assert "floor_acceptance 0.4" in passed.stdout and passed.stdout.endswith("result: pass\n")
     usage = _cli("http://127.0.0.1:1", "--min-request-accepted-length", "1", "--concurrency", "2")
     assert usage.returncode == 2 and "needs --concurrency 1 (got 2)" in usage.stderr
+
+
+def test_the_request_floor_names_the_requests_it_cannot_judge():
+    """A request /metrics gave no counts for, or one with no draft step, is named, not dropped (issue 39)."""
+    report = live_check.Report(url="http://127.0.0.1:1")
+    step = live_check.Step("speculation", True)
+    report.steps.append(step)
+    live_check._request_floor(report, step, 1.0, [(2, 4), None, (0, 0), (2, 4), None])
+    assert [(f.check, f.kind, f.message) for f in report.findings] == [
+        (
+            "speculation",
+            "unjudged-requests",
+            "speculation: 2 whose counts /metrics did not give (#1, #4) and 1 that made no draft step (#2) "
+            "of 5 requests cannot be held to the floor --min-request-accepted-length 1",
+        )
+    ]
+    assert (step.figures["requests_measured"], step.figures["requests_unmeasured"]) == (2, 2)
+    assert step.figures["requests_without_draft_steps"] == 1
