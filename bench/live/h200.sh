@@ -15,7 +15,7 @@
 #       ours and upstream run the same with DSpark and the acceptance floors (FLOOR_ACCEPTANCE,
 #       FLOOR_ACCEPTED), then once more at one client with the per-request floor (FLOOR_REQUEST), whose
 #       /metrics reads between requests would slow the wall-clock figure; agree runs the GPU test that holds
-#       vLLM's drafts to the training forward's (tests/test_dspark_draft_gpu.py).
+#       vLLM's drafts to the training forward's (tests/gpu/test_dspark_draft_gpu.py).
 set -euo pipefail
 
 root=/tmp/sparkseal-stage
@@ -95,9 +95,14 @@ run)
         if [ -n "$trained" ]; then
             case $phase in
             agree)
-                SPARKSEAL_DSPARK_MODEL=$model PYTHONPATH="$root/ours:$root/deps:$PWD" \
-                    "$python" -m pytest -m gpu tests/test_dspark_draft_gpu.py -q -s -p no:cacheprovider \
-                    >"$results/agree.log" 2>&1 || true
+                # A failed or missing test fails the run: the phases after it compare against it.
+                if ! SPARKSEAL_DSPARK_MODEL=$model PYTHONPATH="$root/ours:$root/deps:$PWD" \
+                    "$python" -m pytest -m gpu tests/gpu/test_dspark_draft_gpu.py -q -s -p no:cacheprovider \
+                    >"$results/agree.log" 2>&1; then
+                    tail -20 "$results/agree.log"
+                    echo "run --trained: agree failed (see $results/agree.log)" >&2
+                    exit 1
+                fi
                 tail -5 "$results/agree.log"
                 ;;
             plain)
