@@ -171,7 +171,9 @@ nan-dsv4-dspark)
         --check "$name:--speculation required --concurrency $conc --soak $soak ${v4_long[*]}"
     grep -h "sparkseal debug\|sampler-nan\|seeded-weights\|Error\|error" "$v4_out/$name.server.log" | head -60 || true
     dumps=("$v4_out/$name-dumps"/*.pt)
-    [ -e "${dumps[0]}" ] && "$python" bench/vllm_backend/replay_nan.py "${dumps[@]}" 2>&1 | tail -80 || true
+    if [ -e "${dumps[0]}" ]; then
+        "$python" bench/vllm_backend/replay_nan.py "${dumps[@]}" 2>&1 | tail -80 || true
+    fi
     "$python" - "$v4_out/$name.json" <<'PY' || true
 import json, sys
 report = json.load(open(sys.argv[1]))
