@@ -57,6 +57,7 @@ class Behaviour:
     decode_s_per_token: float = 0.002
     models_status: int = 200
     empty_completions: bool = False
+    prefix_caching: bool = True  # a repeated prompt is served from the prefix cache
     short_completions: bool = False  # every completion stops one token short of max_tokens
     max_model_len: int | None = 1_048_576  # None: /v1/models lists none
     prefill_s_per_token: float = 1e-5
@@ -216,9 +217,8 @@ class FakeServer:
             tokens[3] = ranked(best[3], b.cache_rank)
         with self._lock:
             self._count("vllm:prefix_cache_queries", len(prompt))
-            hits = len(prompt) - 1 if repeated else 0
-            if repeated:
-                self._count("vllm:prefix_cache_hits", hits)
+            hits = len(prompt) - 1 if repeated and b.prefix_caching else 0
+            self._count("vllm:prefix_cache_hits", hits)  # vLLM exports it from start-up, at 0 too
             if b.speculation and b.drafting and (b.drafting_long or not long):
                 steps = max(1, max_tokens // 3)
                 weak = b.weak_request is not None and distinct_index == b.weak_request
