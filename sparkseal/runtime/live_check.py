@@ -1126,6 +1126,8 @@ def _teardown_step(report: Report, step: Step, options: Options, progress: Calla
     step.figures = {"pid": pid, "signal": "SIGTERM"}
     progress(f"teardown: SIGTERM to the server, pid {pid} ...")
     try:
+        if not _running(pid):
+            raise ProcessLookupError
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         report.flag(step, "not-running", f"teardown: pid {pid} had already exited before the teardown")

@@ -58,6 +58,7 @@ class Behaviour:
     models_status: int = 200
     empty_completions: bool = False
     prefix_caching: bool = True  # a repeated prompt is served from the prefix cache
+    prefix_metrics: bool = True  # export vllm:prefix_cache_*
     short_completions: bool = False  # every completion stops one token short of max_tokens
     max_model_len: int | None = 1_048_576  # None: /v1/models lists none
     prefill_s_per_token: float = 1e-5
@@ -163,6 +164,8 @@ class FakeServer:
                 counters.setdefault(name, 0.0)
         for name, value in sorted(counters.items()):
             if name.startswith("vllm:spec_decode") and not b.speculation:
+                continue
+            if name.startswith("vllm:prefix_cache") and not b.prefix_metrics:
                 continue
             lines.append(f"# TYPE {name} counter")
             lines.append(f'{name}_total{{engine="0",model_name="{MODEL}"}} {value}')

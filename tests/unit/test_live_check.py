@@ -1018,3 +1018,24 @@ def test_cli_reference_profile_shows_progress_on_stderr_and_times_every_step(tmp
             "100",
         )
     assert required.returncode == 1 and "speculative decoding is not configured" in required.stdout
+
+
+def test_a_cache_hit_that_nothing_reports_is_a_finding():
+    with FakeServer(Behaviour(prefix_metrics=False)) as server:
+        report = profiled(server, **SMALL_PROFILE, context_tokens=1000)
+    assert kinds(report) == {("prefix-cache", "no-cache-figures")}
+    assert report.findings[0].message == (
+        "prefix cache: neither usage.prompt_tokens_details.cached_tokens nor /metrics' "
+        "vllm:prefix_cache_hits says whether the second 64-token prompt was served from the prefix cache"
+    )
+
+
+def test_a_server_that_exited_during_the_check_is_a_teardown_finding():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    try:
+        with FakeServer(Behaviour(hang_first=1.0)) as server:
+            report = check(server, teardown_pid=process.pid, **TEARDOWN)
+    finally:
+        process.wait()
+    assert kinds(report) == {("teardown", "not-running")}
+    assert report.findings[0].message == f"teardown: pid {process.pid} had already exited before the teardown"
