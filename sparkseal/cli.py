@@ -478,44 +478,61 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
     verify.set_defaults(handler=_verify, parser=verify)
 
 
+# live-check options that a --profile may set: their parsers default to None, so that what a user gives
+# wins over the profile, and the profile over the plain default (sparkseal.runtime.live_check.options_for).
+_PROFILED = (
+    "soak",
+    "max_tokens",
+    "concurrency",
+    "long_prompt_tokens",
+    "speculation",
+    "require_cache_hit",
+    "context_tokens",
+    "min_max_model_len",
+)
+
+
 def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.runtime.live_check import Options, Unreachable, UsageError, render, run
+    from sparkseal.runtime.live_check import Unreachable, UsageError, options_for, render, run
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env {args.api_key_env}: the variable is not set")
-    options = Options(
-        url=args.url,
-        model=args.model,
-        timeout=args.timeout,
-        first_timeout=args.first_timeout,
-        soak=args.soak,
-        max_tokens=args.max_tokens,
-        concurrency=args.concurrency,
-        prompt_tokens=args.prompt_tokens,
-        long_prompt_tokens=args.long_prompt_tokens,
-        vocab_low=args.vocab[0],
-        vocab_high=args.vocab[1],
-        seed=args.seed,
-        speculation=args.speculation,
-        tie_margin=args.tie_margin,
-        top_logprobs=args.top_logprobs,
-        record=args.record,
-        against=args.against,
-        log=args.log,
-        api_key=api_key,
-        nccl_logs=args.nccl_logs,
-        require_module_check=args.require_module_check,
-        prompts=args.prompts,
-        min_acceptance=args.min_acceptance,
-        min_accepted_length=args.min_accepted_length,
-        min_request_accepted_length=args.min_request_accepted_length,
-    )
-    progress = (
-        (lambda line: print(line, file=sys.stderr, flush=True)) if not args.json else (lambda _line: None)
-    )
+    given = {name: getattr(args, name) for name in _PROFILED if getattr(args, name) is not None}
     try:
-        report = run(options, progress)
+        options = options_for(
+            args.profile,
+            args.url,
+            **given,
+            model=args.model,
+            timeout=args.timeout,
+            first_timeout=args.first_timeout,
+            prompt_tokens=args.prompt_tokens,
+            vocab_low=args.vocab[0],
+            vocab_high=args.vocab[1],
+            seed=args.seed,
+            tie_margin=args.tie_margin,
+            top_logprobs=args.top_logprobs,
+            record=args.record,
+            against=args.against,
+            log=args.log,
+            api_key=api_key,
+            nccl_logs=args.nccl_logs,
+            require_module_check=args.require_module_check,
+            prompts=args.prompts,
+            min_acceptance=args.min_acceptance,
+            min_accepted_length=args.min_accepted_length,
+            min_request_accepted_length=args.min_request_accepted_length,
+            context_timeout=args.context_timeout,
+            teardown_pid=args.teardown_pid,
+            teardown_timeout=args.teardown_timeout,
+            idle_memory_mib=args.idle_memory_mib,
+            idle_utilization=args.idle_utilization,
+            idle_timeout=args.idle_timeout,
+            progress_interval=args.progress_interval,
+        )
+        # Progress goes to stderr, --json or not: the report alone is on stdout.
+        report = run(options, lambda line: print(f"live-check: {line}", file=sys.stderr, flush=True))
     except UsageError as error:
         parser.error(str(error))
     except Unreachable as error:
@@ -543,7 +560,13 @@ def _positive(kind: type) -> object:
 
 
 def _add_live_check(commands: argparse._SubParsersAction) -> None:
-    from sparkseal.runtime.live_check import TOP_LOGPROBS
+    from sparkseal.runtime.live_check import PROFILES, TOP_LOGPROBS, default
+
+    def defaults(name: str) -> str:
+        """'default: X' and, where a profile sets the option, 'reference: Y' (from live_check, not here)."""
+        shown = [f"default: {default(name)}"]
+        shown += [f"--profile {p}: {default(name, p)}" for p in sorted(PROFILES) if name in PROFILES[p]]
+        return "; ".join(shown)
 
     live = commands.add_parser(
         "live-check",
@@ -553,17 +576,28 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
         "prefix cache (both must answer alike up to a near-tie flip), drafted and accepted tokens from "
         "/metrics, the soak's completions against a reference recorded without speculation, and the server "
         "log scanned for tracebacks, dead engines, RPC timeouts, NCCL errors, illegal memory accesses and "
-        "out-of-memory. Prompts are token ids, so servers started with --skip-tokenizer-init work. Exit 0 "
-        "pass, 1 a finding, 2 a usage error or an unreachable server.",
+        "out-of-memory. Prompts are token ids, so servers started with --skip-tokenizer-init work. "
+        "--profile reference runs the reference validation of DSpark on GB10s with its counts as defaults: a "
+        "660,000-token cold prompt on a server of at least 1,048,576 tokens of context among them. Progress "
+        "goes to stderr. Exit 0 pass, 1 a finding, 2 a usage error or an unreachable server.",
     )
     live.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     live.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
-    live.add_argument("--soak", type=_positive(int), default=120, help="soak requests (default: 120)")
     live.add_argument(
-        "--max-tokens", type=_positive(int), default=32, help="tokens per completion (default: 32)"
+        "--profile",
+        choices=sorted(PROFILES),
+        help="a validation sequence's counts as defaults, each still overridable: reference: 120 serial "
+        "requests of 64 tokens, a 28,820-token prompt cold then cached (it must hit the prefix cache), a "
+        "660,000-token cold prompt, speculation required",
+    )
+    live.add_argument("--soak", type=_positive(int), help=f"soak requests ({defaults('soak')})")
+    live.add_argument(
+        "--max-tokens", type=_positive(int), help=f"tokens per completion ({defaults('max_tokens')})"
     )
     live.add_argument(
-        "--concurrency", type=_positive(int), default=1, help="concurrent clients in the soak (default: 1)"
+        "--concurrency",
+        type=_positive(int),
+        help=f"concurrent clients in the soak ({defaults('concurrency')})",
     )
     live.add_argument(
         "--prompt-tokens", type=_positive(int), default=64, help="soak prompt length (default: 64)"
@@ -571,8 +605,77 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     live.add_argument(
         "--long-prompt-tokens",
         type=_positive(int),
-        default=2048,
-        help="the long prompt's length (default: 2048)",
+        help=f"the prompt served cold then from the prefix cache ({defaults('long_prompt_tokens')})",
+    )
+    live.add_argument(
+        "--require-cache-hit",
+        action=argparse.BooleanOptionalAction,
+        help="the cached long prompt must hit the prefix cache, by usage.prompt_tokens_details or /metrics "
+        f"({defaults('require_cache_hit')})",
+    )
+    context = live.add_argument_group(
+        "long context",
+        "one cold prompt at the server's long context: HTTP 200, tokens generated, and the drafted and "
+        "accepted tokens of that request alone, from /metrics around it (run no other client meanwhile)",
+    )
+    context.add_argument(
+        "--context-tokens",
+        type=_positive(int),
+        metavar="N",
+        help=f"the cold prompt's length ({defaults('context_tokens')}: off)",
+    )
+    context.add_argument(
+        "--min-max-model-len",
+        type=_positive(int),
+        metavar="N",
+        help="the max_model_len /v1/models must list, else a finding naming both (default: the prompt "
+        f"plus --max-tokens; --profile reference: {default('min_max_model_len', 'reference')})",
+    )
+    context.add_argument(
+        "--context-timeout",
+        type=_positive(float),
+        default=default("context_timeout"),
+        metavar="S",
+        help=f"seconds for that request (default: {default('context_timeout'):g})",
+    )
+    teardown = live.add_argument_group(
+        "teardown",
+        "live-check stops the server only when given its pid (SIGTERM, never a kill), after every request, "
+        "then polls nvidia-smi until every GPU is idle; without nvidia-smi that step is skipped and says so",
+    )
+    teardown.add_argument(
+        "--teardown-pid",
+        type=_positive(int),
+        metavar="PID",
+        help="the server's process (e.g. $! of the shell that started vllm serve or podman run)",
+    )
+    teardown.add_argument(
+        "--teardown-timeout",
+        type=_positive(float),
+        default=default("teardown_timeout"),
+        metavar="S",
+        help=f"seconds for it to exit after SIGTERM (default: {default('teardown_timeout'):g})",
+    )
+    teardown.add_argument(
+        "--idle-memory-mib",
+        type=float,
+        default=default("idle_memory_mib"),
+        metavar="MIB",
+        help=f"idle: memory.used at most this (default: {default('idle_memory_mib'):g})",
+    )
+    teardown.add_argument(
+        "--idle-utilization",
+        type=float,
+        default=default("idle_utilization"),
+        metavar="PCT",
+        help=f"idle: utilization.gpu at most this (default: {default('idle_utilization'):g})",
+    )
+    teardown.add_argument(
+        "--idle-timeout",
+        type=_positive(float),
+        default=default("idle_timeout"),
+        metavar="S",
+        help=f"seconds to wait for idle GPUs (default: {default('idle_timeout'):g})",
     )
     live.add_argument(
         "--vocab",
@@ -594,9 +697,8 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     live.add_argument(
         "--speculation",
         choices=("auto", "required", "off"),
-        default="auto",
         help="auto: if the server exports speculative-decoding metrics, something must be drafted; "
-        "required: it must export them too; off: no check (default: auto)",
+        f"required: it must export them too; off: no check ({defaults('speculation')})",
     )
     live.add_argument(
         "--tie-margin",
@@ -670,6 +772,14 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     )
     live.add_argument(
         "--api-key-env", metavar="VAR", help="environment variable holding the server's API key"
+    )
+    live.add_argument(
+        "--progress-interval",
+        type=_positive(float),
+        default=default("progress_interval"),
+        metavar="S",
+        help="seconds between progress lines on stderr while one request runs "
+        f"(default: {default('progress_interval'):g})",
     )
     live.add_argument("--json", action="store_true", help="print a JSON report")
     live.set_defaults(handler=_live_check, parser=live)

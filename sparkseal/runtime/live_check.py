@@ -42,21 +42,37 @@ server log must show that line once per rank, with one digest. The NCCL check (`
 folder of the per-rank ``NCCL_DEBUG_FILE`` logs written with ``NCCL_DEBUG=INFO`` and ``NCCL_DEBUG_SUBSYS``
 including ``COLL``): after the check's requests, every rank's normalised collective sequence must be the
 same (``sparkseal nccl-diff``'s rules); the first divergence is a finding.
+
+``--profile reference`` is the validation GB10 owners ran by hand for DSpark (two GB10s, tensor parallel
+2, a 1M-token-context target, 5 speculative tokens, ``--max-num-seqs 1``): its counts become the defaults
+(``PROFILES``), each still overridable, and the steps it adds are steps of this one checker, off unless
+asked for: one cold prompt of ``--context-tokens`` (660,000) on a server whose ``max_model_len``
+(``/v1/models``) is at least ``--min-max-model-len`` (1,048,576), with its own drafted and accepted tokens
+read from ``/metrics`` around it; a prefix-cache hit that must really hit; and, with ``--teardown-pid``,
+the server stopped after the checks and the GPUs polled with ``nvidia-smi`` until their memory and
+utilisation are back to idle. live-check stops a server only when told its pid: a check that must not
+end the service it checks does not get one. Every step reports its own time; progress goes to the
+``progress`` callback (the CLI's stderr), with a heartbeat while one request runs for minutes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import shutil
+import signal
 import socket
 import statistics
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -130,12 +146,44 @@ class Step:
     figures: dict[str, Any] = field(default_factory=dict)
     skipped: str = ""
     details: dict[str, Any] = field(default_factory=dict)  # long lists: in the JSON report only
+    seconds: float = 0.0  # wall time of the step itself
+
+
+@contextmanager
+def _timed(step: Step) -> Iterator[Step]:
+    start = time.monotonic()
+    try:
+        yield step
+    finally:
+        step.seconds = round(time.monotonic() - start, 3)
+
+
+@contextmanager
+def _heartbeat(progress: Callable[[str], None], label: str, interval: float) -> Iterator[None]:
+    """``label`` now, then every ``interval`` seconds with the time so far, until the block ends: one
+    request of a long prompt runs for minutes, and a silent check cannot be told from a stuck one."""
+    progress(f"{label} ...")
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            progress(f"{label}: {time.monotonic() - start:.0f} s elapsed")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @dataclass
 class Report:
     url: str
     model: str = ""
+    profile: str | None = None
     steps: list[Step] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
@@ -182,6 +230,18 @@ class Options:
     min_acceptance: float | None = None
     min_accepted_length: float | None = None
     min_request_accepted_length: float | None = None
+    profile: str | None = None
+    require_cache_hit: bool = False  # the cached long prompt must hit the prefix cache
+    context_tokens: int | None = None  # one cold prompt of this many tokens (off: None)
+    context_timeout: float = 1800.0
+    min_max_model_len: int | None = None  # None: the context prompt plus --max-tokens
+    teardown_pid: int | None = None  # stop this process after the checks, then wait for idle GPUs
+    teardown_timeout: float = 120.0
+    idle_memory_mib: float = 512.0
+    idle_utilization: float = 0.0
+    idle_timeout: float = 60.0
+    idle_poll: float = 1.0
+    progress_interval: float = 30.0
 
     @property
     def floors(self) -> bool:
@@ -189,6 +249,37 @@ class Options:
             floor is not None
             for floor in (self.min_acceptance, self.min_accepted_length, self.min_request_accepted_length)
         )
+
+
+# The reference validation of DSpark on GB10s, as defaults: 120 serial requests of 64 tokens (7,680 generated
+# tokens), a 28,820-token prompt cold then from the prefix cache, a 660,000-token cold prompt on a server of
+# at least 1,048,576 tokens of context, speculative decoding required. Everything here stays overridable.
+PROFILES: dict[str, dict[str, Any]] = {
+    "reference": {
+        "soak": 120,
+        "max_tokens": 64,
+        "concurrency": 1,
+        "long_prompt_tokens": 28_820,
+        "require_cache_hit": True,
+        "context_tokens": 660_000,
+        "min_max_model_len": 1_048_576,
+        "speculation": "required",
+    },
+}
+
+
+def default(name: str, profile: str | None = None) -> Any:
+    """An option's default, under ``profile`` if it sets one: the one home of the defaults the CLI shows."""
+    if profile is not None and name in PROFILES[profile]:
+        return PROFILES[profile][name]
+    return next(f.default for f in fields(Options) if f.name == name)
+
+
+def options_for(profile: str | None, url: str, **given: Any) -> Options:
+    """The options of a run: the plain defaults, then ``profile``'s, then what was given explicitly."""
+    if profile is not None and profile not in PROFILES:
+        raise UsageError(f"--profile {profile}: expected one of {sorted(PROFILES)}")
+    return Options(url=url, profile=profile, **{**PROFILES.get(profile, {}), **given})
 
 
 def redact_url(url: str) -> str:
@@ -615,33 +706,43 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
             "--min-request-accepted-length reads /metrics around each request, so it needs --concurrency 1 "
             f"(got {options.concurrency})"
         )
+    _check_profile_options(options)
     reference = _load_reference(options.against) if options.against is not None else None
     given_prompts = _load_prompts(options.prompts) if options.prompts is not None else None
     client = Client(options.url, options.api_key)
-    report = Report(url=client.shown)
+    report = Report(url=client.shown, profile=options.profile)
 
     # Reachability and the model name (an unreachable server raises Unreachable here).
     server = Step("server", ok=False)
     report.steps.append(server)
-    try:
-        models = client.get_json("/v1/models", options.timeout)
-        listed = [str(entry["id"]) for entry in models["data"]]
-    except RequestFailed as error:
-        report.flag(server, error.kind, f"server: {error}")
-    except (KeyError, TypeError):
-        report.flag(server, "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}")
-    else:
-        report.model = options.model or (listed[0] if listed else "")
-        if not report.model or report.model not in listed:
+    max_model_len: int | None = None
+    with _timed(server):
+        try:
+            models = client.get_json("/v1/models", options.timeout)
+            listed = [str(entry["id"]) for entry in models["data"]]
+        except RequestFailed as error:
+            report.flag(server, error.kind, f"server: {error}")
+        except (KeyError, TypeError):
             report.flag(
-                server, "no-model", f"/v1/models: model {report.model!r} is not served (listed: {listed})"
+                server, "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}"
             )
         else:
-            server.ok = True
-            server.figures = {"models": listed}
+            report.model = options.model or (listed[0] if listed else "")
+            if not report.model or report.model not in listed:
+                report.flag(
+                    server,
+                    "no-model",
+                    f"/v1/models: model {report.model!r} is not served (listed: {listed})",
+                )
+            else:
+                server.ok = True
+                server.figures = {"models": listed}
+                max_model_len = _max_model_len(models["data"], report.model)
+                if max_model_len is not None:
+                    server.figures["max_model_len"] = max_model_len
     if not server.ok:
         _skip_rest(report, "the server check failed", first=True)
-        _closing_steps(report, options)
+        _closing_steps(report, options, progress)
         return report
     metrics_before = _metrics(client, options.timeout)
 
@@ -663,19 +764,20 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     # 1. The first request, with its own (long) deadline: graph capture and compilation may still be warming.
     first = Step("first-request", ok=False)
     report.steps.append(first)
-    progress("first request ...")
     try:
-        result = complete(client, report.model, prompts[0], max_tokens, options.first_timeout)
+        with _timed(first), _heartbeat(progress, "first request", options.progress_interval):
+            result = complete(client, report.model, prompts[0], max_tokens, options.first_timeout)
         first.ok = True
         first.figures = {"seconds": round(result.seconds, 3), "completion_tokens": result.completion_tokens}
     except RequestFailed as error:
         report.flag(first, error.kind, f"first request: {error}")
         _skip_rest(report, "the first request failed", first=False)
-        _closing_steps(report, options)
+        _closing_steps(report, options, progress)
         return report
 
     # 2. The soak: every prompt once, serially or with several clients.
-    progress(f"soak: {len(prompts)} requests, {options.concurrency} client(s) ...")
+    progress(f"soak: {len(prompts)} requests of {max_tokens} tokens, {options.concurrency} client(s) ...")
+    soak_start = time.monotonic()
     soak_before = _metrics(client, options.timeout)
     # Only a recording asks for log-probabilities: a checked server runs exactly the requests it serves.
     logprobs = options.top_logprobs if options.record is not None else 0
@@ -700,6 +802,7 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         "concurrency": options.concurrency,
         "max_tokens": max_tokens,
         "completion_tokens": tokens,
+        "expected_completion_tokens": len(prompts) * max_tokens,
         "seconds": round(wall, 3),
         "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
     }
@@ -715,9 +818,24 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
         soak.figures["decode_tokens_per_s"] = decode
     if per_request is not None:
         soak.figures["per_request_metrics"] = True  # /metrics read between requests: wall time includes it
-    short = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
+    empty = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
+    if empty:
+        report.flag(soak, "empty", f"soak: {len(empty)} request(s) returned no tokens (first: #{empty[0]})")
+    # Every request sets ignore_eos, so each runs to max_tokens: fewer is a server that stopped early.
+    short = [
+        (i, r.completion_tokens)
+        for i, r in enumerate(results)
+        if isinstance(r, Completion) and 0 < r.completion_tokens < max_tokens
+    ]
     if short:
-        report.flag(soak, "empty", f"soak: {len(short)} request(s) returned no tokens (first: #{short[0]})")
+        index, count = short[0]
+        report.flag(
+            soak,
+            "short",
+            f"soak: {len(short)} request(s) returned fewer than the {max_tokens} tokens asked for, "
+            f"{tokens} of {len(prompts) * max_tokens} in all (first: #{index}, {count} tokens)",
+        )
+    soak.seconds = round(time.monotonic() - soak_start, 3)
     report.steps.append(soak)
     for kind in sorted({r.kind for _, r in failed}):
         of_kind = [(i, r) for i, r in failed if r.kind == kind]
@@ -730,65 +848,399 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
 
     # 3. A long cold prompt, then the same prompt again: a prefix-cache hit, which must answer the same up
     # to a near-tie flip (vLLM's cached and cold prefills run other batch shapes, so they may round apart).
-    progress("long prompt, cold then cached ...")
     cache = Step("prefix-cache", ok=False)
     report.steps.append(cache)
-    long_prompt = make_prompts(
-        1, options.long_prompt_tokens, options.vocab_low, options.vocab_high, time.time_ns()
-    )[0]
-    before = _metrics(client, options.timeout)
-    k = options.top_logprobs
-    try:
-        cold = complete(client, report.model, long_prompt, max_tokens, options.first_timeout, k)
-        warm = complete(client, report.model, long_prompt, max_tokens, options.first_timeout, k)
-    except RequestFailed as error:
-        report.flag(cache, error.kind, f"long prompt: {error}")
-    else:
-        after = _metrics(client, options.timeout)
-        cache.ok = True
-        cache.figures = {
-            "prompt_tokens": len(long_prompt),
-            "cold_s": round(cold.seconds, 4),
-            "cached_s": round(warm.seconds, 4),
-            "speedup": round(cold.seconds / warm.seconds, 2) if warm.seconds > 0 else None,
-        }
-        if warm.cached_tokens is not None:
-            cache.figures["cached_tokens"] = warm.cached_tokens
-        if before is not None and after is not None and METRIC_PREFIX_HITS in after:
-            cache.figures["prefix_cache_hit_tokens"] = int(
-                after[METRIC_PREFIX_HITS] - before.get(METRIC_PREFIX_HITS, 0)
-            )
-        if _output(cold) != _output(warm):
-            divergence = _divergence(_output(warm), _output(cold), cold.top_logprobs, options.tie_margin)
-            cache.figures["tie_margin"] = options.tie_margin
-            if divergence.near_tie:
-                cache.figures["near_tie_flip"] = divergence.figures()
-            else:
-                cache.figures["first_difference"] = divergence.figures()
-                report.flag(
-                    cache,
-                    "mismatch",
-                    f"the cached long prompt answered differently from the cold one at token "
-                    f"{divergence.at}: {divergence.describe('the cached answer', 'the cold answer')}",
-                )
+    with _timed(cache):
+        _prefix_cache_step(report, cache, options, client, max_tokens, progress)
 
-    # 4. Speculative decoding: drafted and accepted tokens over the whole check.
+    # 4. One cold prompt at the server's long context, its speculation counted on that request alone.
+    context = Step("long-context", ok=True)
+    report.steps.append(context)
+    with _timed(context):
+        _context_step(report, context, options, client, max_tokens, max_model_len, progress)
+
+    # 5. Speculative decoding: drafted and accepted tokens over the whole check.
     metrics_after = _metrics(client, options.timeout)
+    speculation_start = time.monotonic()
     _speculation_step(report, options, metrics_before, metrics_after, per_request)
+    report.step("speculation").seconds = round(time.monotonic() - speculation_start, 3)
 
-    # 5. Lossless: the soak's completions against (or recorded as) the non-speculative reference.
+    # 6. Lossless: the soak's completions against (or recorded as) the non-speculative reference.
+    lossless_start = time.monotonic()
     _lossless_step(report, options, prompts, results, max_tokens, reference)
+    report.step("lossless").seconds = round(time.monotonic() - lossless_start, 3)
 
-    # 6. The server's log; with several ranks, the ranks' module check and their NCCL sequences.
-    _closing_steps(report, options)
+    # 7. Teardown when asked, then the server's log; with several ranks, their module check and NCCL.
+    _closing_steps(report, options, progress)
     return report
 
 
-def _closing_steps(report: Report, options: Options) -> None:
-    """What the logs say: run also when the requests failed, since a failing rank is why they may have."""
-    _log_step(report, options)
-    _module_check_step(report, options)
-    _nccl_step(report, options)
+def _prefix_cache_step(
+    report: Report,
+    cache: Step,
+    options: Options,
+    client: Client,
+    max_tokens: int,
+    progress: Callable[[str], None],
+) -> None:
+    """A long prompt cold, then again from the prefix cache: the same answer up to a near-tie flip (vLLM's
+    cached and cold prefills run other batch shapes, so they may round apart). Each run's prefill time is
+    the server's own time to first token, read from its histogram around that request alone."""
+    long_prompt = cold_prompt(options.long_prompt_tokens, options.vocab_low, options.vocab_high)
+    before = _metrics(client, options.timeout)
+    k = options.top_logprobs
+    label = f"prefix cache: a {len(long_prompt)}-token prompt"
+    try:
+        with _heartbeat(progress, f"{label}, cold", options.progress_interval):
+            cold = complete(client, report.model, long_prompt, max_tokens, options.first_timeout, k)
+        between = _metrics(client, options.timeout)
+        with _heartbeat(progress, f"{label}, cached", options.progress_interval):
+            warm = complete(client, report.model, long_prompt, max_tokens, options.first_timeout, k)
+    except RequestFailed as error:
+        report.flag(cache, error.kind, f"long prompt: {error}")
+        return
+    after = _metrics(client, options.timeout)
+    cache.ok = True
+    cache.figures = {
+        "prompt_tokens": len(long_prompt),
+        "cold_s": round(cold.seconds, 4),
+        "cached_s": round(warm.seconds, 4),
+        "speedup": round(cold.seconds / warm.seconds, 2) if warm.seconds > 0 else None,
+    }
+    for name, (start, end) in (("cold_prefill_s", (before, between)), ("cached_prefill_s", (between, after))):
+        ttft = _mean_delta(start, end, METRIC_TTFT_SUM, METRIC_TTFT_COUNT)
+        if ttft is not None:
+            cache.figures[name] = round(ttft, 4)
+    if warm.cached_tokens is not None:
+        cache.figures["cached_tokens"] = warm.cached_tokens
+    hits = None
+    if between is not None and after is not None and METRIC_PREFIX_HITS in after:
+        hits = int(after[METRIC_PREFIX_HITS] - between.get(METRIC_PREFIX_HITS, 0))
+        cache.figures["prefix_cache_hit_tokens"] = hits
+    if options.require_cache_hit:
+        seen = warm.cached_tokens if warm.cached_tokens is not None else hits
+        if seen is None:
+            report.flag(
+                cache,
+                "no-cache-figures",
+                f"prefix cache: neither usage.prompt_tokens_details.cached_tokens nor /metrics' "
+                f"{METRIC_PREFIX_HITS} says whether the second {len(long_prompt)}-token prompt was served "
+                "from the prefix cache",
+            )
+        elif seen <= 0:
+            report.flag(
+                cache,
+                "no-cache-hit",
+                f"prefix cache: the second {len(long_prompt)}-token prompt hit no cached token "
+                "(is the server started with --enable-prefix-caching?)",
+            )
+    if _output(cold) != _output(warm):
+        divergence = _divergence(_output(warm), _output(cold), cold.top_logprobs, options.tie_margin)
+        cache.figures["tie_margin"] = options.tie_margin
+        if divergence.near_tie:
+            cache.figures["near_tie_flip"] = divergence.figures()
+        else:
+            cache.figures["first_difference"] = divergence.figures()
+            report.flag(
+                cache,
+                "mismatch",
+                f"the cached long prompt answered differently from the cold one at token "
+                f"{divergence.at}: {divergence.describe('the cached answer', 'the cold answer')}",
+            )
+
+
+def _closing_steps(report: Report, options: Options, progress: Callable[[str], None]) -> None:
+    """Teardown when asked, then what the logs say: run also when the requests failed, since a failing rank
+    is why they may have; after the teardown, since a server's last words and NCCL's come as it stops."""
+    teardown = Step("teardown", ok=True)
+    report.steps.append(teardown)
+    with _timed(teardown):
+        stopped = _teardown_step(report, teardown, options, progress)
+    idle = Step("gpu-idle", ok=True)
+    report.steps.append(idle)
+    with _timed(idle):
+        _gpu_idle_step(report, idle, options, progress, stopped)
+    for name, check in (
+        ("server-log", _log_step),
+        ("module-check", _module_check_step),
+        ("nccl", _nccl_step),
+    ):
+        start = time.monotonic()
+        check(report, options)
+        report.step(name).seconds = round(time.monotonic() - start, 3)
+
+
+def cold_prompt(length: int, low: int, high: int) -> list[int]:
+    """A prompt no earlier request shares a prefix with (seeded by the clock), fast at 660,000 tokens."""
+    return random.Random(time.time_ns()).choices(range(low, high), k=length)
+
+
+def _max_model_len(data: list[Any], model: str) -> int | None:
+    """The ``max_model_len`` vLLM lists for ``model`` in /v1/models, if it lists one."""
+    for entry in data:
+        if isinstance(entry, dict) and str(entry.get("id")) == model:
+            value = entry.get("max_model_len")
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def _check_profile_options(options: Options) -> None:
+    """The added steps' arguments, before any request: a wrong one must not cost a 660,000-token prompt."""
+    if options.context_tokens is not None:
+        if options.context_tokens < 1:
+            raise UsageError(f"--context-tokens {options.context_tokens}: expected at least 1 token")
+        needed = options.context_tokens + options.max_tokens
+        if options.min_max_model_len is not None and options.min_max_model_len < needed:
+            raise UsageError(
+                f"--min-max-model-len {options.min_max_model_len}: a {options.context_tokens}-token prompt "
+                f"and {options.max_tokens} generated tokens need at least {needed}"
+            )
+    for flag, value in (
+        ("--context-timeout", options.context_timeout),
+        ("--teardown-timeout", options.teardown_timeout),
+        ("--idle-timeout", options.idle_timeout),
+    ):
+        if value <= 0:
+            raise UsageError(f"{flag} {value:g}: expected seconds, more than 0")
+    if options.idle_memory_mib < 0 or not 0 <= options.idle_utilization <= 100:
+        raise UsageError(
+            f"--idle-memory-mib {options.idle_memory_mib:g}, --idle-utilization "
+            f"{options.idle_utilization:g}: expected MiB at least 0 and a percentage from 0 to 100"
+        )
+    pid = options.teardown_pid
+    if pid is not None:
+        if pid <= 1 or pid == os.getpid():
+            raise UsageError(f"--teardown-pid {pid}: not a server's process id")
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            raise UsageError(f"--teardown-pid {pid}: no such process") from None
+        except PermissionError:
+            raise UsageError(f"--teardown-pid {pid}: not allowed to signal it") from None
+
+
+def _context_step(
+    report: Report,
+    step: Step,
+    options: Options,
+    client: Client,
+    max_tokens: int,
+    max_model_len: int | None,
+    progress: Callable[[str], None],
+) -> None:
+    """One cold prompt of ``--context-tokens`` on a server long enough for it: HTTP 200, tokens generated,
+    and DSpark's drafted and accepted tokens of that request alone (``/metrics`` read just before and just
+    after it; another client's requests in between would be counted too, so none should run)."""
+    tokens = options.context_tokens
+    if tokens is None:
+        step.skipped = (
+            f"no --context-tokens (--profile reference sends {PROFILES['reference']['context_tokens']})"
+        )
+        return
+    needed = options.min_max_model_len or tokens + max_tokens
+    step.figures = {"prompt_tokens": tokens, "max_model_len": max_model_len, "min_max_model_len": needed}
+    if max_model_len is None:
+        report.flag(
+            step,
+            "no-max-model-len",
+            f"long context: /v1/models lists no max_model_len for {report.model!r}; expected at least "
+            f"{needed}",
+        )
+        return
+    if max_model_len < needed:
+        report.flag(
+            step,
+            "max-model-len",
+            f"long context: the server's max_model_len is {max_model_len}, expected at least {needed} "
+            f"(--min-max-model-len) for a {tokens}-token prompt: serve with --max-model-len {needed} or more",
+        )
+        return
+    prompt = cold_prompt(tokens, options.vocab_low, options.vocab_high)
+    before = _metrics(client, options.timeout)
+    label = f"long context: a {tokens}-token cold prompt (deadline {options.context_timeout:g} s)"
+    try:
+        with _heartbeat(progress, label, options.progress_interval):
+            result = complete(client, report.model, prompt, max_tokens, options.context_timeout)
+    except RequestFailed as error:
+        report.flag(step, error.kind, f"long context: {tokens}-token prompt: {error}")
+        return
+    after = _metrics(client, options.timeout)
+    step.figures |= {"completion_tokens": result.completion_tokens, "request_s": round(result.seconds, 3)}
+    if result.cached_tokens is not None:
+        step.figures["cached_tokens"] = result.cached_tokens
+    ttft = _mean_delta(before, after, METRIC_TTFT_SUM, METRIC_TTFT_COUNT)
+    if ttft is not None:
+        step.figures["prefill_s"] = round(ttft, 3)
+    if result.completion_tokens <= 0:
+        report.flag(step, "empty", f"long context: the {tokens}-token prompt returned no tokens")
+    if options.speculation == "off":
+        return
+    if before is None or after is None:
+        report.flag(
+            step, "no-metrics", "long context: /metrics did not answer; drafted tokens cannot be counted"
+        )
+        return
+    if METRIC_DRAFT_TOKENS not in after:
+        return  # the speculation step says whether that is a finding
+    drafted = int(after[METRIC_DRAFT_TOKENS] - before.get(METRIC_DRAFT_TOKENS, 0.0))
+    accepted = int(after.get(METRIC_ACCEPTED_TOKENS, 0.0) - before.get(METRIC_ACCEPTED_TOKENS, 0.0))
+    step.figures |= {
+        "drafts": int(after.get(METRIC_DRAFTS, 0.0) - before.get(METRIC_DRAFTS, 0.0)),
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+    }
+    if drafted <= 0:
+        report.flag(
+            step,
+            "nothing-drafted",
+            f"long context: no token was drafted on the {tokens}-token request ({METRIC_DRAFT_TOKENS} did "
+            "not move)",
+        )
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie (exited, its parent not yet told) has stopped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
+def _teardown_step(report: Report, step: Step, options: Options, progress: Callable[[str], None]) -> bool:
+    """SIGTERM to ``--teardown-pid`` (vLLM's own clean shutdown), then wait for it to exit. True when the
+    server is gone. It is never killed: a server that does not stop is a finding the operator looks at."""
+    pid = options.teardown_pid
+    if pid is None:
+        step.skipped = "no --teardown-pid: live-check leaves the server running"
+        return False
+    step.figures = {"pid": pid, "signal": "SIGTERM"}
+    progress(f"teardown: SIGTERM to the server, pid {pid} ...")
+    try:
+        if not _running(pid):
+            raise ProcessLookupError
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        report.flag(step, "not-running", f"teardown: pid {pid} had already exited before the teardown")
+        return True
+    deadline = time.monotonic() + options.teardown_timeout
+    start = time.monotonic()
+    while _running(pid):
+        if time.monotonic() > deadline:
+            report.flag(
+                step,
+                "still-running",
+                f"teardown: pid {pid} still runs {options.teardown_timeout:g} s after SIGTERM "
+                "(--teardown-timeout); it was not killed",
+            )
+            return False
+        time.sleep(min(0.1, options.idle_poll))
+    step.figures["exit_s"] = round(time.monotonic() - start, 3)
+    return True
+
+
+def _read_gpus(smi: str) -> list[tuple[str, float | None, float | None]]:
+    """(index, memory.used MiB, utilization.gpu %) per GPU; None where the GPU does not report it (a GB10's
+    unified memory has no memory.used: ``[N/A]``)."""
+    command = [smi, "--query-gpu=index,memory.used,utilization.gpu", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RequestFailed("nvidia-smi", f"gpu idle: {smi} failed: {error}") from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()[:300]
+        raise RequestFailed("nvidia-smi", f"gpu idle: {smi} exited {done.returncode}: {said}")
+
+    def number(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+    gpus = []
+    for line in done.stdout.splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != 3:
+            raise RequestFailed(
+                "nvidia-smi", f"gpu idle: {smi}: expected index, memory, utilisation: {line!r}"
+            )
+        gpus.append((cells[0], number(cells[1]), number(cells[2])))
+    if not gpus:
+        raise RequestFailed("nvidia-smi", f"gpu idle: {smi} lists no GPU")
+    return gpus
+
+
+def _busy(gpus: list[tuple[str, float | None, float | None]], options: Options) -> list[str]:
+    """Each figure above its idle threshold, named with the threshold."""
+    said = []
+    for index, memory, utilization in gpus:
+        if memory is not None and memory > options.idle_memory_mib:
+            said.append(
+                f"GPU {index} memory.used {memory:g} MiB > --idle-memory-mib {options.idle_memory_mib:g}"
+            )
+        if utilization is not None and utilization > options.idle_utilization:
+            said.append(
+                f"GPU {index} utilization.gpu {utilization:g} % > --idle-utilization "
+                f"{options.idle_utilization:g}"
+            )
+    return said
+
+
+def _gpu_idle_step(
+    report: Report, step: Step, options: Options, progress: Callable[[str], None], stopped: bool
+) -> None:
+    """After the teardown, every GPU's memory and utilisation back to idle, polled until --idle-timeout."""
+    if options.teardown_pid is None:
+        step.skipped = "no --teardown-pid: a serving GPU is not idle"
+        return
+    if not stopped:
+        step.skipped = "the server did not stop"
+        return
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        step.skipped = "no nvidia-smi on PATH: the GPUs' memory and utilisation cannot be read here"
+        return
+    progress(f"gpu idle: polling nvidia-smi for up to {options.idle_timeout:g} s ...")
+    start = time.monotonic()
+    while True:
+        try:
+            gpus = _read_gpus(smi)
+        except RequestFailed as error:
+            report.flag(step, error.kind, str(error))
+            return
+        busy = _busy(gpus, options)
+        elapsed = time.monotonic() - start
+        if not busy or elapsed >= options.idle_timeout:
+            break
+        time.sleep(options.idle_poll)
+    step.figures = {
+        "gpus": [{"index": i, "memory_used_mib": m, "utilization_pct": u} for i, m, u in gpus],
+        "idle_memory_mib": options.idle_memory_mib,
+        "idle_utilization": options.idle_utilization,
+    }
+    unreported = [i for i, m, u in gpus if m is None or u is None]
+    if unreported:
+        step.figures["not_reported_by_gpus"] = unreported
+    if all(m is None and u is None for _, m, u in gpus):
+        report.flag(step, "unreadable", f"gpu idle: {smi} reports neither memory.used nor utilization.gpu")
+        return
+    if busy:
+        report.flag(
+            step,
+            "busy",
+            f"gpu idle: {options.idle_timeout:g} s after teardown (--idle-timeout): {'; '.join(busy)}",
+        )
+        return
+    step.figures["idle_after_s"] = round(time.monotonic() - start, 3)
 
 
 def _metrics(client: Client, timeout: float) -> dict[str, float] | None:
@@ -825,7 +1277,7 @@ def _decode_rate(before: dict[str, float] | None, after: dict[str, float] | None
 
 
 def _skip_rest(report: Report, why: str, first: bool) -> None:
-    names = ("first-request",) * first + ("soak", "prefix-cache", "speculation", "lossless")
+    names = ("first-request",) * first + ("soak", "prefix-cache", "long-context", "speculation", "lossless")
     for name in names:
         report.steps.append(Step(name, ok=False, skipped=why))
 
@@ -1168,6 +1620,7 @@ def render(report: Report, as_json: bool) -> str:
             {
                 "url": report.url,
                 "model": report.model,
+                "profile": report.profile,
                 "ok": report.ok,
                 "steps": [
                     {k: v for k, v in asdict(step).items() if k != "details" or v} for step in report.steps
@@ -1177,13 +1630,15 @@ def render(report: Report, as_json: bool) -> str:
             indent=2,
             sort_keys=True,
         )
-    lines = [f"live-check {report.url} (model {report.model or '?'})"]
+    profile = f", profile {report.profile}" if report.profile else ""
+    lines = [f"live-check {report.url} (model {report.model or '?'}{profile})"]
     for step in report.steps:
         if step.skipped:
             lines.append(f"  {step.name:<14} skipped: {step.skipped}")
             continue
         figures = ", ".join(f"{key} {value}" for key, value in step.figures.items())
-        lines.append(f"  {step.name:<14} {'ok' if step.ok else 'FINDING'}{': ' + figures if figures else ''}")
+        verdict = "ok" if step.ok else "FINDING"
+        lines.append(f"  {step.name:<14} {verdict} ({step.seconds:.3f} s){': ' + figures if figures else ''}")
     for finding in report.findings:
         lines.append(f"finding: {finding.message}")
     lines.append("result: pass" if report.ok else f"result: {len(report.findings)} finding(s)")

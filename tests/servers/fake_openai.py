@@ -8,7 +8,10 @@ more for each further rank); as vLLM does, a chosen token outside the asked-for 
 Counters follow vLLM's Prometheus names. Each request counts one draft step per three tokens, five
 drafted tokens per step and ``accepted_per_draft`` of them accepted (``weak_accepted_per_draft`` for the
 ``weak_request``-th distinct prompt); its decoding takes ``decode_s_per_token`` per token after the first,
-in vLLM's per-request histograms.
+in vLLM's per-request histograms; its time to first token is ``prefill_s_per_token`` per prompt token
+not served from the prefix cache. /v1/models lists ``max_model_len``, and a prompt plus ``max_tokens``
+beyond it is refused with vLLM's HTTP 400. Cheap at 660,000 prompt tokens: nothing is computed per token
+but a sum, so the long-context step costs the tests a JSON round trip.
 """
 
 from __future__ import annotations
@@ -54,6 +57,14 @@ class Behaviour:
     decode_s_per_token: float = 0.002
     models_status: int = 200
     empty_completions: bool = False
+    prefix_caching: bool = True  # a repeated prompt is served from the prefix cache
+    prefix_metrics: bool = True  # export vllm:prefix_cache_*
+    short_completions: bool = False  # every completion stops one token short of max_tokens
+    max_model_len: int | None = 1_048_576  # None: /v1/models lists none
+    prefill_s_per_token: float = 1e-5
+    long_prompt_over: int = 100_000  # prompts longer than this sleep hang_long seconds
+    hang_long: float = 0.0
+    drafting_long: bool = True  # count drafted tokens for prompts over long_prompt_over
     seen_prompts: list[tuple[int, ...]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, float] = field(default_factory=dict)  # sample name (…_sum, …_count) -> value
@@ -113,7 +124,10 @@ class FakeServer:
                     if b.models_status != 200:
                         self._send(b.models_status, b'{"error": "down"}')
                         return
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode())
+                    card: dict[str, Any] = {"id": MODEL, "object": "model", "owned_by": "vllm"}
+                    if b.max_model_len is not None:
+                        card["max_model_len"] = b.max_model_len
+                    self._send(200, json.dumps({"object": "list", "data": [card]}).encode())
                 elif self.path == "/metrics":
                     self._send(200, server.metrics().encode(), "text/plain; version=0.0.4")
                 else:
@@ -151,6 +165,8 @@ class FakeServer:
         for name, value in sorted(counters.items()):
             if name.startswith("vllm:spec_decode") and not b.speculation:
                 continue
+            if name.startswith("vllm:prefix_cache") and not b.prefix_metrics:
+                continue
             lines.append(f"# TYPE {name} counter")
             lines.append(f'{name}_total{{engine="0",model_name="{MODEL}"}} {value}')
             lines.append(f'{name}_created{{engine="0",model_name="{MODEL}"}} 1.7e9')
@@ -173,15 +189,25 @@ class FakeServer:
             if not repeated:
                 b.seen_prompts.append(prompt)
             distinct_index = b.seen_prompts.index(prompt)
+        long = len(prompt) > b.long_prompt_over
         if first and b.hang_first:
             time.sleep(b.hang_first)
+        if long and b.hang_long:
+            time.sleep(b.hang_long)
         if b.hang_all:
             time.sleep(b.hang_all)
         if b.status != 200:
             return b.status, b'{"error": {"message": "EngineCore died"}}'
         if b.malformed:
             return 200, b'{"choices": [ {"text": "trunc'
-        max_tokens = 0 if b.empty_completions else int(body["max_tokens"])
+        asked = int(body["max_tokens"])
+        if b.max_model_len is not None and len(prompt) + asked > b.max_model_len:
+            message = (
+                f"This model's maximum context length is {b.max_model_len} tokens. However, you requested "
+                f"{len(prompt) + asked} tokens ({len(prompt)} in the messages, {asked} in the completion)."
+            )
+            return 400, json.dumps({"error": {"message": message, "code": 400}}).encode()
+        max_tokens = 0 if b.empty_completions else asked - b.short_completions
         best = answer(list(prompt), max_tokens)
         tokens = list(best)
         if (b.cache_differs and repeated) or (
@@ -194,9 +220,9 @@ class FakeServer:
             tokens[3] = ranked(best[3], b.cache_rank)
         with self._lock:
             self._count("vllm:prefix_cache_queries", len(prompt))
-            if repeated:
-                self._count("vllm:prefix_cache_hits", len(prompt) - 1)
-            if b.speculation and b.drafting:
+            hits = len(prompt) - 1 if repeated and b.prefix_caching else 0
+            self._count("vllm:prefix_cache_hits", hits)  # vLLM exports it from start-up, at 0 too
+            if b.speculation and b.drafting and (b.drafting_long or not long):
                 steps = max(1, max_tokens // 3)
                 weak = b.weak_request is not None and distinct_index == b.weak_request
                 per_step = b.weak_accepted_per_draft if weak else b.accepted_per_draft
@@ -209,6 +235,8 @@ class FakeServer:
                     ("vllm:request_generation_tokens_count", 1),
                     ("vllm:request_decode_time_seconds_sum", (len(tokens) - 1) * b.decode_s_per_token),
                     ("vllm:request_decode_time_seconds_count", 1),
+                    ("vllm:time_to_first_token_seconds_sum", (len(prompt) - hits) * b.prefill_s_per_token),
+                    ("vllm:time_to_first_token_seconds_count", 1),
                 ):
                     b.histograms[name] = b.histograms.get(name, 0.0) + value
         usage: dict[str, Any] = {

@@ -418,8 +418,11 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
         "first-request",
         "soak",
         "prefix-cache",
+        "long-context",
         "speculation",
         "lossless",
+        "teardown",
+        "gpu-idle",
         "server-log",
         "module-check",
         "nccl",
@@ -730,3 +733,327 @@ def test_the_request_floor_names_the_requests_it_cannot_judge():
     ]
     assert (step.figures["requests_measured"], step.figures["requests_unmeasured"]) == (2, 2)
     assert step.figures["requests_without_draft_steps"] == 1
+
+
+# ---------------------------------------------------------------- --profile reference and its added steps
+# The fake answers a 660,000-token prompt with a JSON round trip and a sum: the full-scale run takes seconds.
+
+PREFILL = 1e-3  # the fake's seconds of time to first token per uncached prompt token, in these tests
+
+
+def profiled(server: FakeServer, **given: object):
+    return run(live_check.options_for("reference", server.url, timeout=5.0, **given))
+
+
+def test_reference_profile_at_full_scale_passes_with_every_figure():
+    with FakeServer(Behaviour(prefill_s_per_token=PREFILL)) as server:
+        report = profiled(server)
+        longest = max(len(prompt) for prompt in server.behaviour.seen_prompts)
+    assert report.ok, report.findings
+    assert report.profile == "reference" and longest == 660_000
+    soak = report.step("soak").figures
+    assert (soak["requests"], soak["concurrency"], soak["max_tokens"]) == (120, 1, 64)
+    assert soak["completion_tokens"] == soak["expected_completion_tokens"] == 7_680
+    cache = report.step("prefix-cache").figures
+    assert cache["prompt_tokens"] == 28_820 and cache["prefix_cache_hit_tokens"] == 28_819
+    assert cache["cold_prefill_s"] == 28.82 and cache["cached_prefill_s"] == 0.001
+    assert report.step("long-context").figures == {
+        "prompt_tokens": 660_000,
+        "max_model_len": 1_048_576,
+        "min_max_model_len": 1_048_576,
+        "completion_tokens": 64,
+        "request_s": report.step("long-context").figures["request_s"],
+        "prefill_s": 660.0,
+        "drafts": 21,  # the fake: one draft step of 5 tokens per 3 generated, 2 accepted
+        "draft_tokens": 105,
+        "accepted_tokens": 42,
+    }
+    assert report.step("server").figures["max_model_len"] == 1_048_576
+    assert report.step("teardown").skipped == "no --teardown-pid: live-check leaves the server running"
+    assert report.step("gpu-idle").skipped == "no --teardown-pid: a serving GPU is not idle"
+    assert all(step.seconds >= 0 for step in report.steps)
+    assert report.step("soak").seconds > 0 and report.step("long-context").seconds > 0
+    text = live_check.render(report, False)
+    assert text.startswith(f"live-check {server.url} (model {MODEL}, profile reference)")
+    assert f"  long-context   ok ({report.step('long-context').seconds:.3f} s): prompt_tokens 660000" in text
+
+
+def test_profile_sets_defaults_and_what_is_given_wins():
+    reference = live_check.options_for("reference", "http://127.0.0.1:1", soak=3, concurrency=2)
+    assert (reference.soak, reference.concurrency, reference.max_tokens) == (3, 2, 64)
+    assert (reference.long_prompt_tokens, reference.context_tokens) == (28_820, 660_000)
+    assert reference.speculation == "required" and reference.require_cache_hit
+    plain = live_check.options_for(None, "http://127.0.0.1:1")
+    assert (plain.max_tokens, plain.long_prompt_tokens, plain.context_tokens) == (32, 2048, None)
+    assert plain.speculation == "auto" and not plain.require_cache_hit
+    with pytest.raises(UsageError, match=r"--profile nightly: expected one of \['reference'\]"):
+        live_check.options_for("nightly", "http://127.0.0.1:1")
+
+
+SMALL_PROFILE = {"soak": 3, "max_tokens": 6, "long_prompt_tokens": 64, "first_timeout": 5.0}
+
+
+def test_server_too_short_for_the_long_prompt_is_a_finding_naming_both_lengths():
+    with FakeServer(Behaviour(max_model_len=32_768)) as server:
+        report = profiled(server, **SMALL_PROFILE)
+        longest = max(len(prompt) for prompt in server.behaviour.seen_prompts)
+    assert kinds(report) == {("long-context", "max-model-len")}
+    assert report.findings[0].message == (
+        "long context: the server's max_model_len is 32768, expected at least 1048576 (--min-max-model-len) "
+        "for a 660000-token prompt: serve with --max-model-len 1048576 or more"
+    )
+    assert longest == 64  # the long prompt was never sent
+    with FakeServer(Behaviour(max_model_len=None)) as server:
+        unlisted = profiled(server, **SMALL_PROFILE)
+    assert kinds(unlisted) == {("long-context", "no-max-model-len")}
+    assert unlisted.findings[0].message == (
+        f"long context: /v1/models lists no max_model_len for {MODEL!r}; expected at least 1048576"
+    )
+
+
+def test_long_prompt_with_nothing_drafted_is_a_finding_though_the_check_drafted():
+    with FakeServer(Behaviour(drafting_long=False)) as server:
+        report = profiled(server, **SMALL_PROFILE, context_tokens=200_000)
+    assert kinds(report) == {("long-context", "nothing-drafted")}
+    assert report.findings[0].message == (
+        "long context: no token was drafted on the 200000-token request (vllm:spec_decode_num_draft_tokens "
+        "did not move)"
+    )
+    assert report.step("long-context").figures["draft_tokens"] == 0
+    assert report.step("speculation").ok  # the soak drafted: only the long request's own count tells
+
+
+def test_long_prompt_past_its_deadline_is_a_finding_and_progress_beats_meanwhile():
+    lines: list[str] = []
+    with FakeServer(Behaviour(hang_long=1.0)) as server:
+        options = live_check.options_for(
+            "reference",
+            server.url,
+            **SMALL_PROFILE,
+            context_tokens=200_000,
+            context_timeout=0.3,
+            progress_interval=0.1,
+        )
+        report = run(options, lines.append)
+    assert kinds(report) == {("long-context", "timeout")}
+    assert report.findings[0].message == (
+        "long context: 200000-token prompt: /v1/completions: no answer within 0.3 s"
+    )
+    label = "long context: a 200000-token cold prompt (deadline 0.3 s)"
+    assert f"{label} ..." in lines and f"{label}: 0 s elapsed" in lines
+    assert lines.index("first request ...") < lines.index(f"{label} ...")
+
+
+def test_profile_needs_a_real_prefix_cache_hit_and_a_short_soak_is_found():
+    with FakeServer(Behaviour(prefix_caching=False)) as server:
+        report = profiled(server, **SMALL_PROFILE, context_tokens=1000)
+        plain = check(server)
+    assert kinds(report) == {("prefix-cache", "no-cache-hit")}
+    assert report.findings[0].message == (
+        "prefix cache: the second 64-token prompt hit no cached token (is the server started with "
+        "--enable-prefix-caching?)"
+    )
+    assert plain.ok, plain.findings  # without the profile a miss is reported, not required
+    with FakeServer(Behaviour(short_completions=True)) as server:
+        short = profiled(server, **SMALL_PROFILE, context_tokens=1000)
+    assert kinds(short) == {("soak", "short")}
+    assert short.findings[0].message == (
+        "soak: 3 request(s) returned fewer than the 6 tokens asked for, 15 of 18 in all (first: #0, 5 tokens)"
+    )
+
+
+def test_arguments_of_the_added_steps_are_checked_before_any_request():
+    with pytest.raises(UsageError) as error:
+        run(live_check.options_for("reference", "http://127.0.0.1:1", context_tokens=2_000_000))
+    assert str(error.value) == (
+        "--min-max-model-len 1048576: a 2000000-token prompt and 64 generated tokens need at least 2000064"
+    )
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with pytest.raises(UsageError) as error:
+        run(Options(url="http://127.0.0.1:1", teardown_pid=gone.pid))
+    assert str(error.value) == f"--teardown-pid {gone.pid}: no such process"
+
+
+# ---------------------------------------------------------------- teardown and idle GPUs
+
+
+@pytest.fixture
+def server_process():
+    """A stand-in for the server's process, which the teardown stops by its pid."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _nvidia_smi(folder: Path, *answers: str, status: int = 0) -> Path:
+    """A fake nvidia-smi on PATH: each call prints the next answer (the last one again), exit ``status``."""
+    folder.mkdir(exist_ok=True)
+    (folder / "answers").write_text(json.dumps(list(answers)))
+    script = folder / "nvidia-smi"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, pathlib, sys\n"
+        "here = pathlib.Path(__file__).parent\n"
+        "answers = json.loads((here / 'answers').read_text())\n"
+        "calls = here / 'calls'\n"
+        "n = int(calls.read_text()) if calls.exists() else 0\n"
+        "calls.write_text(str(n + 1))\n"
+        "print(answers[min(n, len(answers) - 1)])\n"
+        f"sys.exit({status})\n"
+    )
+    script.chmod(0o755)
+    return folder
+
+
+TEARDOWN = {"idle_poll": 0.05, "idle_timeout": 0.3, "teardown_timeout": 5.0}
+
+
+def test_teardown_stops_the_server_and_skips_the_gpu_without_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_process: subprocess.Popen
+):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with FakeServer() as server:
+        report = check(server, teardown_pid=server_process.pid, **TEARDOWN)
+    assert report.ok, report.findings
+    assert server_process.wait(timeout=5) == -15
+    teardown = report.step("teardown").figures
+    assert (
+        teardown["pid"] == server_process.pid and teardown["signal"] == "SIGTERM" and teardown["exit_s"] >= 0
+    )
+    assert report.step("gpu-idle").skipped == (
+        "no nvidia-smi on PATH: the GPUs' memory and utilisation cannot be read here"
+    )
+
+
+def test_gpus_back_to_idle_pass_and_busy_gpus_are_a_finding_naming_figure_and_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    smi = _nvidia_smi(tmp_path / "idle", "0, 40000, 87\n1, 300, 0", "0, 12, 0\n1, [N/A], 0")
+    monkeypatch.setenv("PATH", str(smi))
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with FakeServer() as server:
+        idle = check(server, teardown_pid=process.pid, **TEARDOWN)
+    process.wait()
+    assert idle.ok, idle.findings
+    figures = idle.step("gpu-idle").figures
+    assert figures["gpus"] == [
+        {"index": "0", "memory_used_mib": 12.0, "utilization_pct": 0.0},
+        {"index": "1", "memory_used_mib": None, "utilization_pct": 0.0},
+    ]
+    assert figures["not_reported_by_gpus"] == ["1"] and figures["idle_after_s"] >= 0
+    assert int((smi / "calls").read_text()) == 2  # polled until idle
+
+    smi = _nvidia_smi(tmp_path / "busy", "0, 2048, 35")
+    monkeypatch.setenv("PATH", str(smi))
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with FakeServer() as server:
+        busy = check(server, teardown_pid=process.pid, idle_utilization=5.0, **TEARDOWN)
+    process.wait()
+    assert kinds(busy) == {("gpu-idle", "busy")}
+    assert busy.findings[0].message == (
+        "gpu idle: 0.3 s after teardown (--idle-timeout): GPU 0 memory.used 2048 MiB > --idle-memory-mib "
+        "512; GPU 0 utilization.gpu 35 % > --idle-utilization 5"
+    )
+    smi = _nvidia_smi(tmp_path / "broken", "NVIDIA-SMI has failed", status=9)
+    monkeypatch.setenv("PATH", str(smi))
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with FakeServer() as server:
+        broken = check(server, teardown_pid=process.pid, **TEARDOWN)
+    process.wait()
+    assert kinds(broken) == {("gpu-idle", "nvidia-smi")}
+    assert broken.findings[0].message == f"gpu idle: {smi / 'nvidia-smi'} exited 9: NVIDIA-SMI has failed"
+
+
+def test_a_server_that_ignores_sigterm_is_a_finding_and_is_not_killed(tmp_path: Path):
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        with FakeServer() as server:
+            report = check(server, teardown_pid=process.pid, **{**TEARDOWN, "teardown_timeout": 0.3})
+        assert process.poll() is None  # still running: the finding is the operator's to act on
+    finally:
+        process.kill()
+        process.wait()
+    assert kinds(report) == {("teardown", "still-running")}
+    assert report.findings[0].message == (
+        f"teardown: pid {process.pid} still runs 0.3 s after SIGTERM (--teardown-timeout); it was not killed"
+    )
+    assert report.step("gpu-idle").skipped == "the server did not stop"
+
+
+def test_cli_reference_profile_shows_progress_on_stderr_and_times_every_step(tmp_path: Path):
+    with FakeServer() as server:
+        done = _cli(
+            server.url,
+            "--profile",
+            "reference",
+            "--soak",
+            "3",
+            "--max-tokens",
+            "4",
+            "--long-prompt-tokens",
+            "64",
+            "--context-tokens",
+            "2000",
+            "--json",
+        )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["profile"] == "reference" and document["ok"] is True
+    assert all(isinstance(step["seconds"], float) for step in document["steps"])
+    context = next(step for step in document["steps"] if step["name"] == "long-context")
+    assert context["figures"]["prompt_tokens"] == 2000
+    assert context["figures"]["min_max_model_len"] == 1_048_576
+    assert "live-check: first request ..." in done.stderr.splitlines()
+    assert "live-check: long context: a 2000-token cold prompt (deadline 1800 s) ..." in done.stderr
+    too_long = _cli("http://127.0.0.1:1", "--profile", "reference", "--context-tokens", "2000000")
+    assert too_long.returncode == 2
+    assert (
+        "--min-max-model-len 1048576: a 2000000-token prompt and 64 generated tokens need at least 2000064"
+        in (too_long.stderr)
+    )
+    with FakeServer(Behaviour(speculation=False)) as server:
+        required = _cli(
+            server.url,
+            "--profile",
+            "reference",
+            "--soak",
+            "2",
+            "--long-prompt-tokens",
+            "32",
+            "--context-tokens",
+            "100",
+        )
+    assert required.returncode == 1 and "speculative decoding is not configured" in required.stdout
+
+
+def test_a_cache_hit_that_nothing_reports_is_a_finding():
+    with FakeServer(Behaviour(prefix_metrics=False)) as server:
+        report = profiled(server, **SMALL_PROFILE, context_tokens=1000)
+    assert kinds(report) == {("prefix-cache", "no-cache-figures")}
+    assert report.findings[0].message == (
+        "prefix cache: neither usage.prompt_tokens_details.cached_tokens nor /metrics' "
+        "vllm:prefix_cache_hits says whether the second 64-token prompt was served from the prefix cache"
+    )
+
+
+def test_a_server_that_exited_during_the_check_is_a_teardown_finding():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    try:
+        with FakeServer(Behaviour(hang_first=1.0)) as server:
+            report = check(server, teardown_pid=process.pid, **TEARDOWN)
+    finally:
+        process.wait()
+    assert kinds(report) == {("teardown", "not-running")}
+    assert report.findings[0].message == f"teardown: pid {process.pid} had already exited before the teardown"
