@@ -101,6 +101,9 @@ def per_request(found: dict[str, dict[str, Any]]) -> list[str]:
         return sorted(a / d for d, a in (e for e in entries if e) if d > 0)
 
     mine, theirs = lengths(ours), lengths(upstream)
+    if not mine or not theirs:
+        empty = " and ".join(name for name, got in (("ours", mine), ("upstream", theirs)) if not got)
+        return [f"per-request acceptance: {empty}-requests has no request that made a draft step"]
     return [
         f"per-request acceptance at one client: {same} of {len(ours)} requests drafted and accepted exactly "
         f"the same counts on both wheels",
@@ -111,8 +114,24 @@ def per_request(found: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    found = reports(Path(argv[1]))
+    """Print the tables; exit 1, naming what it skipped, when the folder has no report or an unreadable one."""
+    if len(argv) != 2:
+        print("usage: summary.py FOLDER (an h200.sh run OUT --trained results folder)", file=sys.stderr)
+        return 2
+    folder = Path(argv[1])
+    if not folder.is_dir():
+        print(f"summary: {folder}: expected a folder of live-check reports, found none", file=sys.stderr)
+        return 1
+    found = reports(folder)
+    if not found:
+        print(f"summary: {folder}: expected live-check reports (*.json), found none", file=sys.stderr)
+        return 1
     print("\n".join([*table(found), "", *ratios(found), "", *per_request(found)]))
+    unreadable = sorted(name for name, report in found.items() if "unreadable" in report)
+    if unreadable:
+        names = ", ".join(f"{name}.json" for name in unreadable)
+        print(f"summary: {folder}: unreadable reports, left out of the figures: {names}", file=sys.stderr)
+        return 1
     return 0
 
 
