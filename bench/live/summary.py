@@ -114,7 +114,7 @@ def per_request(found: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """Print the tables; exit 1, naming what it skipped, when the folder has no report or an unreadable one."""
+    """Print the tables; exit 1, naming what it skipped, if the folder has no report or an unreadable one."""
     if len(argv) != 2:
         print("usage: summary.py FOLDER (an h200.sh run OUT --trained results folder)", file=sys.stderr)
         return 2
