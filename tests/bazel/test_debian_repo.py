@@ -183,6 +183,26 @@ def test_a_mirror_without_the_file_fails_naming_package_url_and_sha256(fixture: 
     assert not (ws.output_base / "external/debian_fixture/BUILD").exists()
 
 
+def test_the_downloader_config_rewrites_the_archive_urls(fixture: Fixture, tmp_path: Path) -> None:
+    """The archive base names a host that does not exist; Bazel's downloader config (as a CI operator
+    would point it at a mirror) rewrites it to the fixture archive, and every .deb arrives verified."""
+    host_port = fixture.repo.url.split("//", 1)[1].rstrip("/")
+    config = tmp_path / "downloader.cfg"
+    config.write_text(f"rewrite mirror\\.invalid/debian/(.*) {host_port}/$1\n")
+    ws = fixture.workspace(
+        "ws-rewrite", fixture.tmp / "cache-rewrite", archives="debian=http://mirror.invalid/debian"
+    )
+    before = fixture.repo.deb_requests()
+    try:
+        result = ws.bazel("build", f"--experimental_downloader_config={config}", "@debian_fixture//:debs")
+    finally:
+        ws.shutdown()
+    assert result.returncode == 0, result.output
+    assert fixture.repo.deb_requests() - before == len(fixture.debs)
+    external = ws.output_base / "external/debian_fixture/debs"
+    assert all(sha256(external / d.name) == sha256(d) for d in fixture.debs)
+
+
 def test_corrupt_download_is_rejected_with_actual_hash(fixture: Fixture) -> None:
     tool = fixture.debs[1]
     corrupt = b"not the locked deb"
