@@ -242,6 +242,9 @@ def main() -> int:
     try:
         for host in hosts:
             found[host], log, seconds[host] = HOSTS[host][1](scratch, platforms, args.cold)
+            # A cold host's cache goes with its output base: one host's downloads on disk at a time.
+            for cache in scratch.glob("*.repository-cache"):
+                remove_tree(cache)
             logs[host] = spawns(log)
     finally:
         remove_tree(scratch)
