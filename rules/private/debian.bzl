@@ -26,11 +26,11 @@ write (or upload to a remote cache) the unpacked base OS beside its layer.
 load(":common.bzl", "ACTION_ENV", "tool")
 load(
     ":pypi_download.bzl",
+    "REPOSITORY_CACHE_ENV",
     "download_verified",
     "from_repository_cache",
     "prepare_download_verified",
     "run_python_helper",
-    "REPOSITORY_CACHE_ENV",
 )
 
 # SPARKSEAL_DEBIAN_ARCHIVES: the archives' base URLs; NETRC: credentials for mirrors that need them (else
