@@ -3,12 +3,16 @@ in WORKSPACE mode (``--config=bazel7``) and with bzlmod (``--config=bzlmod``), i
 ``.ci/setup-sid`` makes.
 
     python3 bench/hosts.py [--platforms linux_aarch64 linux_x86_64] [--hosts bookworm sid sid-bzlmod]
-        [--out bench/results/hosts.md]
+        [--cold] [--base-layers] [--out bench/results/hosts.md]
 
 Each host builds, cold in a fresh copy of the checkout with its own output base (the user's repository
 cache, so no download is timed), both images and everything the provenance names: ``//:image`` and
 ``//:image_linux_x86_64`` (gzip layers), both PEXes, module manifests, SBOMs and provenances, with an
-execution log. The table gives each top-level artifact's sha256 from each host. The provenance differs by
+execution log. ``--cold`` gives each host an empty repository cache of its own instead (every download
+timed: the Debian packages by their locked archive paths, the wheels from the pip index), which only the
+package registries fill; ``--base-layers`` builds only the Debian base layer of each image
+(``//:layer_base_<platform>``, the layer whose .debs a non-bookworm host could not fetch before).
+The table gives each top-level artifact's sha256 from each host. The provenance differs by
 design: its builder records the Bazel release. The action comparison pairs every action of the first
 host's log with each other's by mnemonic and outputs (Bazel 7 names its exec configuration differently, so
 ``bazel-out/<config>/`` is cut from paths) and counts those whose inputs (path and digest) differ.
@@ -32,11 +36,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the sid-root runner of the test harness
 
+from sparkseal.fetch.index import index_url  # noqa: E402
 from tests.bazel_util import copy_checkout, remove_tree  # noqa: E402
 from tests.sid_root import SID_ROOT, available, run_in_sid  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "sparkseal"
 PLATFORMS = ("linux_aarch64", "linux_x86_64")
+# The Debian base layers (--base-layers): (platform, what, descriptor path, how to read its digest).
+BASE_LAYERS = [(p, f"Debian base layer {p}", f"layer_base_{p}.json", "descriptor") for p in PLATFORMS]
 # Top-level artifacts below bazel-bin: (platform, what, path, how to read its digest).
 ARTIFACTS = [
     (p, f"{what} {p}", path.format(p=p), kind)
@@ -59,6 +66,8 @@ BAZEL_PATH_LISTS = (".params", "MANIFEST", "_repo_mapping")
 def digest(bin_dir: Path, rel: str, kind: str) -> str:
     """The artifact's sha256 as its digest file says, or of the file (the one wheel in a folder)."""
     path = bin_dir / rel
+    if kind == "descriptor":
+        return str(json.loads(path.read_text())["digest"]).removeprefix("sha256:")
     if kind == "text":
         return path.read_text().strip().removeprefix("sha256:")
     if kind == "whl":
@@ -112,15 +121,32 @@ def compare(
     return text + "."
 
 
+# What a run builds: the whole images (the default) or, with --base-layers, only the Debian base layers.
+BASE_ONLY = {"value": False}
+
+
 def targets(platforms: tuple[str, ...]) -> list[str]:
-    """The image and the provenance (which needs the PEX, manifest and SBOM) of each platform."""
+    """The image and the provenance (which needs the PEX, manifest and SBOM) of each platform, or the
+    Debian base layers."""
+    if BASE_ONLY["value"]:
+        return [f"//:layer_base_{p}" for p in platforms]
     return [f"//:{kind}_{p}" for p in platforms for kind in ("image", "provenance")]
+
+
+def cache_flags(scratch: Path, host: str, cold: bool) -> list[str]:
+    """An empty repository cache of the host's own (--cold), named to Bazel and to our rules; else none."""
+    if not cold:
+        return []
+    cache = scratch / f"{host}.repository-cache"
+    return [f"--repository_cache={cache}", f"--repo_env=SPARKSEAL_REPOSITORY_CACHE={cache}"]
 
 
 def collect(bin_dir: Path, platforms: tuple[str, ...]) -> dict[str, str]:
     """what -> sha256 of every top-level artifact of ``platforms``; for each provenance also
     ``what (without the Bazel release)``: the sha256 of the statement with the builder's Bazel release
     blanked, which the two hosts record differently by design."""
+    if BASE_ONLY["value"]:
+        return {what: digest(bin_dir, rel, kind) for p, what, rel, kind in BASE_LAYERS if p in platforms}
     found = {what: digest(bin_dir, rel, kind) for p, what, rel, kind in ARTIFACTS if p in platforms}
     for p, what, rel, _ in ARTIFACTS:
         if p in platforms and what.startswith("provenance"):
@@ -131,13 +157,13 @@ def collect(bin_dir: Path, platforms: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
-def build_here(scratch: Path, platforms: tuple[str, ...]) -> tuple[dict[str, str], Path, float]:
+def build_here(scratch: Path, platforms: tuple[str, ...], cold: bool) -> tuple[dict[str, str], Path, float]:
     """Bookworm, Bazel 4.2.3: the artifacts' digests, the execution log and the seconds the build took.
     The output base goes afterwards, so the two hosts' builds never hold the disk together."""
     ws = copy_checkout(REPO, scratch / "bookworm" / "sparkseal")
     base, log = scratch / "bookworm" / "output-base", scratch / "bookworm.exec.json"
     start = time.monotonic()
-    build = [f"--execution_log_json_file={log}", *targets(platforms)]
+    build = [f"--execution_log_json_file={log}", *cache_flags(scratch, "bookworm", cold), *targets(platforms)]
     subprocess.run(["bazel", f"--output_base={base}", "build", *build], cwd=ws, check=True)
     seconds = time.monotonic() - start
     info = subprocess.run(
@@ -154,21 +180,23 @@ def build_here(scratch: Path, platforms: tuple[str, ...]) -> tuple[dict[str, str
 
 
 def build_in_sid(
-    scratch: Path, platforms: tuple[str, ...], config: str
+    scratch: Path, platforms: tuple[str, ...], config: str, cold: bool
 ) -> tuple[dict[str, str], Path, float]:
     """Sid, Bazel 7.7.1: the same, in the sid root (the checkout copy at the same path there), with
-    ``--config=<config>``: ``bazel7`` (WORKSPACE) or ``bzlmod`` (MODULE.bazel)."""
+    ``--config=<config>``: ``bazel7`` (WORKSPACE) or ``bzlmod`` (MODULE.bazel). Cold, the root sees
+    only the scratch folder (not the user's cache) and the pip index this machine is configured with."""
     ws = copy_checkout(REPO, scratch / config / "sparkseal")
     base, log = scratch / config / "output-base", scratch / f"{config}.exec.json"
     where = scratch / f"{config}.bin"
     script = (
         f"set -eu\ncd {shlex.quote(str(ws))}\nstart=$(date +%s.%N)\n"
         f"bazel --output_base={base} build --config={config} --execution_log_json_file={log} "
-        f"{' '.join(targets(platforms))}\n"
+        f"{' '.join(cache_flags(scratch, config, cold) + targets(platforms))}\n"
         f'end=$(date +%s.%N)\necho "seconds $start $end"\n'
         f"bazel --output_base={base} info --config={config} bazel-bin > {where}\n"
     )
-    result = run_in_sid(script, [CACHE], {}, timeout=7200)
+    env = {"PIP_INDEX_URL": index_url()} if cold else {}
+    result = run_in_sid(script, [scratch] if cold else [CACHE], env, timeout=7200)
     if result.returncode != 0:
         raise SystemExit(
             f"sid build (--config={config}) failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
@@ -184,11 +212,11 @@ HOSTS = {
     "bookworm": ("bookworm, Bazel 4.2.3, WORKSPACE", build_here),
     "sid": (
         "sid, Bazel 7.7.1, WORKSPACE",
-        lambda scratch, platforms: build_in_sid(scratch, platforms, "bazel7"),
+        lambda scratch, platforms, cold: build_in_sid(scratch, platforms, "bazel7", cold),
     ),
     "sid-bzlmod": (
         "sid, Bazel 7.7.1, bzlmod",
-        lambda scratch, platforms: build_in_sid(scratch, platforms, "bzlmod"),
+        lambda scratch, platforms, cold: build_in_sid(scratch, platforms, "bzlmod", cold),
     ),
 }
 
@@ -198,7 +226,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hosts.md")
     parser.add_argument("--platforms", nargs="+", choices=PLATFORMS, default=list(PLATFORMS))
     parser.add_argument("--hosts", nargs="+", choices=list(HOSTS), default=list(HOSTS))
+    parser.add_argument("--cold", action="store_true", help="each host with an empty repository cache")
+    parser.add_argument("--base-layers", action="store_true", help="only the Debian base layers")
     args = parser.parse_args()
+    BASE_ONLY["value"] = args.base_layers
     platforms, hosts = tuple(args.platforms), list(dict.fromkeys(args.hosts))
     if len(hosts) < 2:
         raise SystemExit(f"--hosts: expected at least two of {', '.join(HOSTS)}, got {' '.join(hosts)}")
@@ -210,7 +241,10 @@ def main() -> int:
     found, seconds, logs = {}, {}, {}
     try:
         for host in hosts:
-            found[host], log, seconds[host] = HOSTS[host][1](scratch, platforms)
+            found[host], log, seconds[host] = HOSTS[host][1](scratch, platforms, args.cold)
+            # A cold host's cache goes with its output base: one host's downloads on disk at a time.
+            for cache in scratch.glob("*.repository-cache"):
+                remove_tree(cache)
             logs[host] = spawns(log)
     finally:
         remove_tree(scratch)
@@ -219,12 +253,18 @@ def main() -> int:
         f"- {HOSTS[first][0]} against {HOSTS[h][0]}: {compare(logs[first], logs[h])}" for h in hosts[1:]
     ]
     times = ", ".join(f"{HOSTS[h][0]} {seconds[h]:.0f} s ({seconds[h] / seconds[first]:.2f})" for h in hosts)
+    options = (" --cold" if args.cold else "") + (" --base-layers" if args.base_layers else "")
+    caches = (
+        "an empty repository cache of its own (every download timed, from the package registries only)"
+        if args.cold
+        else "the user's repository cache shared"
+    )
     lines = [
         "# The same image from different Linux hosts and Bazel modes",
         "",
         f"- Date: {datetime.now(UTC):%Y-%m-%d}; command: "
-        f"`python3 bench/hosts.py --platforms {' '.join(platforms)} --hosts {' '.join(hosts)}` (one run, each"
-        " host cold in a fresh copy of the checkout and output base, the user's repository cache shared; each"
+        f"`python3 bench/hosts.py --platforms {' '.join(platforms)} --hosts {' '.join(hosts)}{options}` (one "
+        f"run, each host cold in a fresh copy of the checkout and output base, {caches}; each"
         " host's output base deleted before the next one's build).",
         f"- Machine: {platform.machine()}, {os.cpu_count()} cores.",
         "- bookworm: Debian bookworm (Python 3.11, g++ 12, glibc 2.36), Bazel 4.2.3 (`bazel-bootstrap`), "
@@ -245,9 +285,15 @@ def main() -> int:
         "",
         f"Cold build times (ratio to the first): {times}.",
         "",
-        'The provenance records the Bazel release (4.2.3 against 7.7.1) by design; the row "without the '
-        'Bazel release" compares the statements with that field blanked.',
-        "",
+        *(
+            []
+            if args.base_layers
+            else [
+                'The provenance records the Bazel release (4.2.3 against 7.7.1) by design; the row "without '
+                'the Bazel release" compares the statements with that field blanked.',
+                "",
+            ]
+        ),
         "Actions paired by mnemonic and outputs across the execution logs. Bazel 4.2.3 and 7.7.1 write their "
         "logs differently (7.7.1 lists a tool's runfiles as inputs, 4.2.3 a runfiles middleman; exec "
         "configuration names differ), so a pair across releases differs in its inputs' paths whatever the "

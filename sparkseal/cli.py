@@ -56,7 +56,15 @@ def _lock_debian(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error(f"--out {out}: directory {out.parent} does not exist")
     if args.sources is not None and not args.sources.is_file():
         parser.error(f"--sources {args.sources}: no such file")
-    return lock_debian(args.arch, out, roots=sorted(roots_of(args.kind, args.arch)), sources=args.sources)
+    if args.keep_versions and not out.is_file():
+        parser.error(f"--keep-versions: {out}: no such file")
+    return lock_debian(
+        args.arch,
+        out,
+        roots=sorted(roots_of(args.kind, args.arch)),
+        sources=args.sources,
+        keep_versions=args.keep_versions,
+    )
 
 
 def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
@@ -67,8 +75,9 @@ def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
         help="lock the Debian packages of the image's base OS for one architecture",
         description="Lock the dependency closure (Depends and Pre-Depends, as apt resolves them for an "
         "install without recommends) of the base OS packages for one architecture: each package's "
-        "version, filename, size and sha256 as apt's index lists them. apt runs with a private state "
-        "directory; the machine's dpkg state is not changed.",
+        "version, filename, size and sha256 as apt's index lists them, its path in the archive and the "
+        "archive's name (a fetch joins them to the base URL the build machine configures; no host is "
+        "written). apt runs with a private state directory; the machine's dpkg state is not changed.",
     )
     debian.add_argument("--arch", required=True, choices=ARCHITECTURES, help="Debian architecture")
     debian.add_argument(
@@ -91,6 +100,12 @@ def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
         type=Path,
         default=Path(sources) if sources else None,
         help=f"apt sources file to use instead of the machine's (default: ${SOURCES_ENV})",
+    )
+    debian.add_argument(
+        "--keep-versions",
+        action="store_true",
+        help="re-write the existing lock with its own roots and versions, adding the path and archive "
+        "apt lists for each file now; fails if a sha256 or size differs",
     )
     debian.set_defaults(handler=_lock_debian, parser=debian)
 

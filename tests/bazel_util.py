@@ -179,7 +179,9 @@ class Workspace:
         proc = subprocess.run(
             command,
             cwd=self.root,
-            env=self.env,
+            # Our rules copy a hit Bazel could not hard-link from this folder: the workspace's own cache,
+            # never the user's.
+            env={**self.env, "SPARKSEAL_REPOSITORY_CACHE": str(self.repository_cache)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

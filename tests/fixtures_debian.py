@@ -3,6 +3,7 @@
     deb = make_deb(tmp, "tool", "1.0", "arm64", files={"bin/tool": Exec(b"...")}, depends="liba")
     with AptRepo(tmp / "repo", [deb, ...], codename="bookworm") as repo:
         repo.sources      # an apt sources file: deb [trusted=yes] http://127.0.0.1:PORT/ ./
+        repo.archives     # SPARKSEAL_DEBIAN_ARCHIVES naming it: debian=http://127.0.0.1:PORT
         repo.requests     # Counter of requested paths
         repo.served_bytes_override[name] = b"..."  # a corrupt download
         repo.bazel_cuts[name] = 2                  # Bazel's next 2 downloads of it are cut short
@@ -58,6 +59,12 @@ Content = bytes | Exec | Link | Hardlink
 def pool_name(package: str, version: str, arch: str) -> str:
     """The pool file name Debian gives a .deb (no epoch)."""
     return f"{package}_{version.split(':', 1)[-1]}_{arch}.deb"
+
+
+def pool_path(package: str, filename: str, component: str = "main") -> str:
+    """Where Debian's archive keeps a binary package's file (the source name is the package's here)."""
+    prefix = package[:4] if package.startswith("lib") else package[:1]
+    return f"pool/{component}/{prefix}/{package}/{filename}"
 
 
 def _control(package: str, version: str, arch: str, fields: dict[str, str]) -> str:
@@ -175,16 +182,19 @@ def control_of(deb: Path) -> dict[str, str]:
     }
 
 
-def lock_for(debs: list[Path], arch: str) -> dict[str, object]:
-    """A lock document naming exactly ``debs`` (what ``sparkseal lock debian`` would write for them)."""
+def lock_for(debs: list[Path], arch: str, archive: str = "debian") -> dict[str, object]:
+    """A lock document naming exactly ``debs`` (what ``sparkseal lock debian`` would write for them, all
+    from ``archive`` at the paths AptRepo serves them)."""
     packages = []
     for deb in debs:
         fields = control_of(deb)
         packages.append(
             {
                 "architecture": fields["Architecture"],
+                "archive": archive,
                 "filename": deb.name,
                 "package": fields["Package"],
+                "path": pool_path(fields["Package"], deb.name),
                 "sha256": sha256(deb),
                 "size": deb.stat().st_size,
                 "version": fields["Version"],
@@ -194,7 +204,7 @@ def lock_for(debs: list[Path], arch: str) -> dict[str, object]:
     roots = sorted(str(p["package"]) for p in packages)
     return {
         "architecture": arch,
-        "format": 1,
+        "format": 2,
         "generator": "fixture",
         "packages": packages,
         "roots": roots,
@@ -209,24 +219,34 @@ def write_lock(path: Path, lock: dict[str, object]) -> Path:
 
 
 class AptRepo:
-    """A flat apt repository (``Packages`` + ``Release``) of ``debs``, served on loopback from a thread."""
+    """A flat apt repository (``Packages`` + ``Release``) of ``debs``, served on loopback from a thread.
 
-    def __init__(self, root: Path, debs: list[Path], codename: str = "bookworm") -> None:
+    The files lie at Debian's pool paths (``pool_path``) below the base URL, and the Release file carries
+    ``label`` (an archive's name: ``Debian`` names the archive ``debian``), as a real archive's do.
+    """
+
+    def __init__(
+        self, root: Path, debs: list[Path], codename: str = "bookworm", label: str = "Debian"
+    ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         paragraphs = []
         for deb in debs:
-            if deb.parent != root:
-                shutil.copyfile(deb, root / deb.name)
             control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True)
-            data = (root / deb.name).read_bytes()
-            extra = f"Filename: ./{deb.name}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
+            package = next(line for line in control.stdout.splitlines() if line.startswith("Package:"))
+            path = pool_path(package.split(":", 1)[1].strip(), deb.name)
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(deb, root / path)
+            data = (root / path).read_bytes()
+            extra = f"Filename: {path}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
             paragraphs.append(control.stdout.rstrip("\n") + "\n" + extra)
         packages = "\n".join(paragraphs).encode()
         (root / "Packages").write_bytes(packages)
         digest = hashlib.sha256(packages).hexdigest()
+        label_line = f"Label: {label}\n" if label else ""
         (root / "Release").write_text(
-            f"Codename: {codename}\nSuite: {codename}\nSHA256:\n {digest} {len(packages)} Packages\n"
+            f"Origin: Fixture\n{label_line}Codename: {codename}\nSuite: {codename}\n"
+            f"SHA256:\n {digest} {len(packages)} Packages\n"
         )
         self.requests: Counter[str] = Counter()
         self.served_bytes_override: dict[str, bytes] = {}
@@ -253,7 +273,7 @@ class AptRepo:
                     self.wfile.write(body)
                     return
                 if bazel_cut_due(self, repo.bazel_cuts, name):
-                    send_cut_short(self, (repo.root / name).read_bytes())
+                    send_cut_short(self, (repo.root / self.path.lstrip("/")).read_bytes())
                     return
                 super().do_GET()
 
@@ -261,6 +281,7 @@ class AptRepo:
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}/"
         self.sources.write_text(f"deb [trusted=yes] {self.url} ./\n")
+        self.archives = f"debian={self.url}"
         return self
 
     def __exit__(

@@ -33,6 +33,8 @@ tmp=$2
 shift 2
 mount --rbind /dev "$root/dev"
 mount --bind "$tmp" "$root/tmp"
+# A new network namespace (run_in_sid's network=False) has only a loopback, down: Bazel's client needs it.
+[ -z "${SID_OFFLINE:-}" ] || ip link set lo up
 while [ "$1" != -- ]; do
     mkdir -p "$root$1"
     mount --rbind "$1" "$root$1"
@@ -53,7 +55,7 @@ def available() -> bool:
 
 
 def run_in_sid(
-    script: str, binds: Sequence[Path], env: Mapping[str, str], timeout: float
+    script: str, binds: Sequence[Path], env: Mapping[str, str], timeout: float, network: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """Run the bash ``script`` in the sid root and return what it printed (not checked).
 
@@ -61,7 +63,8 @@ def run_in_sid(
     both sides. The environment is ``env`` plus PATH, HOME and LANG (``env`` wins). The mounts live in a
     private mount namespace and every process in a new pid namespace: when the script ends (or the timeout
     kills it) the kernel drops both, so nothing stays mounted and no process, Bazel's server included,
-    outlives the call.
+    outlives the call. ``network=False`` runs it in a new network namespace too: no interface but a
+    loopback that is down, so nothing can be downloaded.
     """
     # Parents before children, or a parent's bind would hide its child's.
     paths = sorted({Path(b).resolve() for b in binds}, key=lambda p: len(p.parts))
@@ -81,6 +84,7 @@ def run_in_sid(
         "--pid",
         "--fork",
         "--kill-child",
+        *([] if network else ["--net"]),
         f"--mount-proc={SID_ROOT}/proc",
         "/bin/bash",
         "-c",
@@ -98,7 +102,7 @@ def run_in_sid(
     try:
         return subprocess.run(
             command,
-            env={"PATH": PATH, "LANG": "C.UTF-8"},
+            env={"PATH": PATH, "LANG": "C.UTF-8", **({} if network else {"SID_OFFLINE": "1"})},
             capture_output=True,
             text=True,
             check=False,

@@ -3,7 +3,8 @@
 Every action runs on the locked CPython (rules/private/toolchains.bzl), so every fixture workspace fetches
 its .debs. Fixture workspaces have repository caches of their own; the .debs are put into each one from
 the user's repository cache (``~/.cache/sparkseal/repository``, the one ``make image`` fills), where a
-missing one is first downloaded once, from the URL apt names, and checked against the lock.
+missing one is first downloaded once, from its archive's base URL joined to its locked path
+(``sparkseal.fetch.debian_archive``, as the repository rule does), and checked against the lock.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import hashlib
 import os
 import platform
 import shutil
-import tempfile
 import urllib.request
 from pathlib import Path
 
-from sparkseal.fetch.lock_debian import read_lock, resolve_uris
+from sparkseal.fetch.debian_archive import locked_urls
+from sparkseal.fetch.lock_debian import read_lock
 
 REPO = Path(__file__).resolve().parent.parent
 STORE = Path.home() / ".cache" / "sparkseal" / "repository"
@@ -38,8 +39,7 @@ def _fill_store(lock: Path) -> list[str]:
     _, debs = read_lock(lock)
     missing = [deb for deb in debs if not _cas(STORE, deb.sha256).is_file()]
     if missing:
-        with tempfile.TemporaryDirectory(prefix="sparkseal-apt-") as scratch:
-            urls = resolve_uris(lock, [deb.package for deb in missing], Path(scratch))
+        urls = locked_urls(lock, [deb.package for deb in missing])
         for deb in missing:
             with urllib.request.urlopen(urls[deb.package], timeout=120) as response:
                 data = response.read()

@@ -6,10 +6,11 @@ WORKSPACE use::
 
 The repository holds every locked .deb under `debs/` and exposes `:debs` (all of them), one filegroup per
 package (`:libc6`, ...) and `:lock` (the lock it was made from). Each .deb is first asked of Bazel's
-repository cache by its locked sha256, so a build whose cache holds them needs no network and no apt
-at all. Otherwise apt (with a private state directory for the lock's architecture, using the machine's
-apt sources or `$SPARKSEAL_APT_SOURCES`) turns the locked `package:arch=version` into a URL, after checking
-that its signed index lists the locked sha256, and Bazel's downloader fetches and verifies the file.
+repository cache by its locked sha256, so a build whose cache holds them needs no network at all.
+Otherwise its URL is its archive's base URL (`$SPARKSEAL_DEBIAN_ARCHIVES`, else the machine's apt sources
+read as text: sparkseal.fetch.debian_archive) joined to its locked path, and Bazel's downloader fetches
+and verifies it: no apt, no apt sources' suites, no keyring, so any Linux host fetches bookworm's files.
+A URL that does not serve the locked file fails naming the package, the URL and the locked sha256.
 
 BUILD use::
 
@@ -25,14 +26,16 @@ write (or upload to a remote cache) the unpacked base OS beside its layer.
 load(":common.bzl", "ACTION_ENV", "tool")
 load(
     ":pypi_download.bzl",
+    "REPOSITORY_CACHE_ENV",
     "download_verified",
     "from_repository_cache",
     "prepare_download_verified",
     "run_python_helper",
 )
 
-# NETRC: credentials for mirrors that need them (else ~/.netrc).
-APT_ENVIRON = ["SPARKSEAL_APT_SOURCES", "NETRC"]
+# SPARKSEAL_DEBIAN_ARCHIVES: the archives' base URLs; NETRC: credentials for mirrors that need them (else
+# ~/.netrc); SPARKSEAL_REPOSITORY_CACHE: the repository cache when not .bazelrc's.
+DEBIAN_ENVIRON = ["SPARKSEAL_DEBIAN_ARCHIVES", "NETRC", REPOSITORY_CACHE_ENV]
 
 _RESERVED_TARGETS = ["debs", "lock"]
 
@@ -52,9 +55,12 @@ def _entries(rctx, lock):
     packages = lock.get("packages") if type(lock) == "dict" else None
     if type(packages) != "list" or not packages:
         fail("sparkseal: %s: expected a non-empty list `packages`, got %r" % (rctx.attr.lock, packages))
+    if lock.get("format") != 2:
+        fail(("sparkseal: %s: expected lock format 2 (each package with its archive and path), actual %r: " +
+              "add them with `sparkseal lock debian --keep-versions`") % (rctx.attr.lock, lock.get("format")))
     names = {}
     for entry in packages:
-        for key in ["package", "version", "architecture", "filename", "sha256"]:
+        for key in ["package", "version", "architecture", "filename", "sha256", "archive", "path"]:
             if type(entry.get(key)) != "string" or not entry[key]:
                 fail("sparkseal: %s: package entry %r: expected a non-empty string %r" % (rctx.attr.lock, entry, key))
         sha256 = entry["sha256"]
@@ -70,6 +76,14 @@ def _entries(rctx, lock):
                 entry["package"],
                 entry["filename"],
             ))
+        path = entry["path"]
+        if path.startswith("/") or ".." in path.split("/") or not path.endswith("/" + entry["filename"]):
+            fail("sparkseal: %s: %s: expected a relative path without '..' ending in /%s, got %r" % (
+                rctx.attr.lock,
+                entry["package"],
+                entry["filename"],
+                path,
+            ))
         if entry["package"] in names or entry["package"] in _RESERVED_TARGETS:
             fail("sparkseal: %s: package name %r is listed twice or clashes with a target of the repository" % (
                 rctx.attr.lock,
@@ -79,15 +93,12 @@ def _entries(rctx, lock):
     return packages
 
 def _resolve(rctx, missing):
-    """Package -> URL for the `missing` entries, from apt; fails with the resolver's message."""
-    rctx.report_progress("resolving %d .deb URLs with apt" % len(missing))
+    """Package -> URL for the `missing` entries: each archive's base URL joined to the locked path."""
     result = run_python_helper(
         rctx,
-        "sparkseal.fetch.lock_debian",
-        ["uris", "--lock", str(rctx.path(rctx.attr.lock)), "--scratch", str(rctx.path("_apt"))] +
-        [e["package"] for e in missing],
+        "sparkseal.fetch.debian_archive",
+        ["urls", "--lock", str(rctx.path(rctx.attr.lock))] + [e["package"] for e in missing],
     )
-    rctx.delete("_apt")
     if result.return_code != 0:
         fail("%s\n(while fetching @%s)" % (result.stderr.strip() or result.stdout.strip(), rctx.name))
     urls = {}
@@ -97,7 +108,7 @@ def _resolve(rctx, missing):
     return urls
 
 def _credentials(rctx, urls):
-    """{apt's URL: {"url": the URL without credentials, "auth": Bazel's download `auth`}} (netrc)."""
+    """{URL: {"url": the URL without credentials, "auth": Bazel's download `auth`}} (netrc)."""
     if not urls:
         return {}
     result = run_python_helper(rctx, "sparkseal.fetch.credentials", sorted(urls))
@@ -109,7 +120,7 @@ def _credentials(rctx, urls):
 def fetch_debs(rctx):
     """Fetch every .deb of the lock `rctx.attr.lock` into `debs/`, verified; return the lock's entries.
 
-    The repository cache first (no network, no apt), apt's URLs for the rest.
+    The repository cache first (no network), then each archive's base URL joined to the locked path.
     """
     packages = _entries(rctx, json.decode(rctx.read(rctx.attr.lock)))
     missing = []
@@ -164,7 +175,7 @@ debian_packages = repository_rule(
     implementation = _debian_packages_impl,
     doc = "Fetches every .deb of a Debian lock (bookworm_<arch>.lock.json), verified by sha256.",
     attrs = {"lock": attr.label(mandatory = True, allow_single_file = [".json"])},
-    environ = APT_ENVIRON,
+    environ = DEBIAN_ENVIRON,
 )
 
 def _debian_rootfs_impl(ctx):

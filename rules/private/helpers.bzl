@@ -31,13 +31,15 @@ HELPER_SOURCES = {
         "sparkseal/fetch/credentials.py",
         "sparkseal/fetch/index.py",
     ],
-    "sparkseal.fetch.lock_debian": [
+    "sparkseal.fetch.debian_archive": [
         "sparkseal/__init__.py",
         "sparkseal/core/__init__.py",
+        "sparkseal/core/credentials.py",
         "sparkseal/core/determinism.py",
         "sparkseal/core/files.py",
         "sparkseal/core/platforms.py",
         "sparkseal/fetch/__init__.py",
+        "sparkseal/fetch/debian_archive.py",
         "sparkseal/fetch/lock_debian.py",
     ],
     "sparkseal.fetch.resolve": [

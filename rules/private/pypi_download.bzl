@@ -8,7 +8,12 @@ repository cache, ``--distdir`` and mirror rewriting, and a wrong hash never lan
 load(":helpers.bzl", "HELPER_SOURCES")
 
 # NETRC names the netrc file that holds index credentials (else ~/.netrc): a change re-runs the lookup.
-INDEX_ENVIRON = ["PIP_INDEX_URL", "PIP_CONFIG_FILE", "NETRC"]
+INDEX_ENVIRON = ["PIP_INDEX_URL", "PIP_CONFIG_FILE", "NETRC", "SPARKSEAL_REPOSITORY_CACHE"]
+
+# The repository cache of .bazelrc (`--repository_cache=~/.cache/sparkseal/repository`); a build that
+# passes another `--repository_cache` names the same folder in SPARKSEAL_REPOSITORY_CACHE (`--repo_env`).
+REPOSITORY_CACHE_ENV = "SPARKSEAL_REPOSITORY_CACHE"
+_DEFAULT_REPOSITORY_CACHE = ".cache/sparkseal/repository"
 
 def host_python(rctx):
     """The host Python 3 that runs repository-rule helpers."""
@@ -52,15 +57,41 @@ def _resolve_url(rctx, filename, sha256):
     answer = json.decode(result.stdout)
     return answer["url"], answer["auth"]
 
+def repository_cache_dir(rctx):
+    """The repository cache folder: $SPARKSEAL_REPOSITORY_CACHE (a leading `~/` is $HOME), else .bazelrc's."""
+    home = rctx.os.environ.get("HOME", "")
+    value = rctx.os.environ.get(REPOSITORY_CACHE_ENV, "").strip()
+    if not value:
+        return home + "/" + _DEFAULT_REPOSITORY_CACHE
+    if value.startswith("~/"):
+        return home + value[1:]
+    return value
+
+def _copy_from_repository_cache(rctx, sha256, output):
+    """Copy the cache's file of `sha256` into `output` through Bazel's downloader (sha256-verified).
+
+    With `--experimental_repository_cache_hardlinks` (.bazelrc) a cache hit is a hard link, which the
+    kernel refuses across mount points (a cache bind-mounted or on a CI volume, the output base
+    elsewhere): Bazel then treats the hit as a miss and would go to the network. Read as a `file://`
+    URL, the same file is copied instead, so every hit is served: a hard link where one can be made, a
+    copy where it cannot.
+    """
+    cached = rctx.path("%s/content_addressable/sha256/%s/file" % (repository_cache_dir(rctx), sha256))
+    if not cached.exists:
+        return False
+    return rctx.download(["file://" + str(cached)], output, sha256 = sha256, allow_fail = True).success
+
 def from_repository_cache(rctx, filename, sha256, output, urls = []):
     """Try the repository cache alone, then `urls`; return whether `output` now holds the locked file.
 
     A download with no URL is answered from Bazel's repository cache or fails without trying anything:
     a fully cached build needs no network and skips the index lookup, and a cache miss prints nothing
-    (a URL that cannot be fetched would print a `Download ... failed` warning per file). Failures of real
-    URLs stay loud.
+    (a URL that cannot be fetched would print a `Download ... failed` warning per file). A hit Bazel could
+    not hard-link is copied (_copy_from_repository_cache). Failures of real URLs stay loud.
     """
     if rctx.download([], output, sha256 = sha256, allow_fail = True).success:
+        return True
+    if _copy_from_repository_cache(rctx, sha256, output):
         return True
     return len(urls) > 0 and rctx.download(urls, output, sha256 = sha256, allow_fail = True).success
 
@@ -68,7 +99,7 @@ def prepare_download_verified(rctx):
     """Link download_verified's helper in now, before the network work that comes before the download.
 
     Bazel restarts a repository rule from its first line for each helper source it has not seen yet;
-    a caller that looks a URL up (index, apt) first calls this, so the restarts repeat no lookup.
+    a caller that looks a URL up (the index) first calls this, so the restarts repeat no lookup.
     """
     prepare_python_helper(rctx, "sparkseal.fetch.actual_sha256")
 
@@ -96,7 +127,13 @@ def download_verified(rctx, filename, url, output, sha256, auth, subject = None,
     subject = subject or filename
     probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [filename, url])
     if probe.return_code != 0:
-        fail("sparkseal: %s: download from %s failed: %s" % (subject, url, probe.stderr.strip()))
+        fail("sparkseal: %s: download from %s failed (expected sha256 %s, %s): %s" % (
+            subject,
+            url,
+            sha256,
+            locked,
+            probe.stderr.strip(),
+        ))
     actual = probe.stdout.strip()
     if actual != sha256:
         fail("sparkseal: %s: sha256 mismatch: expected %s (%s), actual %s (downloaded from %s)" % (

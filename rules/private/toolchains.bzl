@@ -23,7 +23,7 @@ the compilers (for the platform the kernels action executes on). Only the reposi
 fetched.
 """
 
-load(":debian.bzl", "APT_ENVIRON", "fetch_debs")
+load(":debian.bzl", "DEBIAN_ENVIRON", "fetch_debs")
 load(":platforms.bzl", "DEBIAN_ARCHITECTURES", "PLATFORMS", "TRIPLETS", "host_platform")
 load(":pypi_download.bzl", "run_python_helper")
 
@@ -180,7 +180,7 @@ locked_toolchain = repository_rule(
             doc = "the platform the toolchain runs on; empty: this build host's (the lock must match)",
         ),
     },
-    environ = APT_ENVIRON,
+    environ = DEBIAN_ENVIRON,
 )
 
 def _sparkseal_cc_toolchain_impl(ctx):

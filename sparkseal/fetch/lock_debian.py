@@ -1,4 +1,4 @@
-"""Lock the Debian packages of the image's base OS, and turn a locked package into its download URL.
+"""Lock the Debian packages of the image's base OS (and of the build's toolchains), and read such a lock.
 
 ``lock_debian`` asks apt for the dependency closure of ``ROOTS`` (Depends and Pre-Depends; apt picks
 alternatives and providers of virtual packages as it would for ``apt-get install --no-install-recommends``
@@ -6,16 +6,18 @@ on an empty system) and writes ``third_party/debian/bookworm_<arch>.lock.json``.
 state directory (package lists, an empty dpkg status, the target architecture only): the machine's dpkg
 state is never read or changed, and no ``dpkg --add-architecture`` is needed. The apt sources are the
 machine's own, or those of a file named by ``--sources`` / ``$SPARKSEAL_APT_SOURCES`` (a snapshot of the
-archive, say); no archive host is written into the lock.
+archive, say).
 
-Repository rules run ``python3 -m sparkseal.fetch.lock_debian uris ...`` (standard library only): it
-prints the URL apt would download each locked package from, after checking that the sha256 and size apt's
-signed index lists are the locked ones. The download itself, and the final sha256 check, are Bazel's.
+This is the one place apt runs. Each lock entry carries what a fetch needs on any host: the file's path
+in its archive (Debian's ``Filename``, ``pool/main/...``) and the archive's name (the ``Label`` of the
+Release file that listed it, lower-cased: ``debian``, ``debian-security``), never an archive host; the
+fetch (``sparkseal.fetch.debian_archive`` and Bazel's downloader) joins the path to the base URL the
+build machine configures for that archive, with no apt, no apt sources and no keyring.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import re
@@ -32,7 +34,8 @@ from sparkseal.core.platforms import DEBIAN_ARCHITECTURES
 
 SUITE = "bookworm"
 ARCHITECTURES = tuple(sorted(DEBIAN_ARCHITECTURES.values()))
-LOCK_FORMAT = 1
+# 2: every package carries `archive` and `path` (format 1 had neither: its URLs came from apt at fetch time).
+LOCK_FORMAT = 2
 SOURCES_ENV = "SPARKSEAL_APT_SOURCES"
 GENERATOR = "sparkseal lock debian"
 
@@ -92,6 +95,10 @@ _INST = re.compile(
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _URI_LINE = re.compile(r"^'(?P<url>[^']+)' (?P<local>\S+) (?P<size>\d+) (?P<hash>\S+)$")
+# `apt-cache policy`: a package file's line (priority, base URI, distribution, ...) and its release line.
+_POLICY_FILE = re.compile(r"^\s*-?\d+ (?P<uri>\S+) \S+.* Packages$")
+# An archive's name: a Release file's Label, lower-cased, with no space and no slash.
+ARCHIVE_NAME = re.compile(r"[a-z0-9][a-z0-9.+_-]*")
 
 
 class AptError(Exception):
@@ -100,7 +107,12 @@ class AptError(Exception):
 
 @dataclass(frozen=True)
 class LockedDeb:
-    """One locked Debian package: the file apt would download, with its size and sha256."""
+    """One locked Debian package: the file apt would download, with its size, sha256 and place.
+
+    ``path`` is the file's path below its archive's base URL (``pool/main/z/zlib/zlib1g_...deb``) and
+    ``archive`` the archive's name (``debian``, ``debian-security``): a fetch needs nothing else but the
+    base URL of that archive, which the build machine configures.
+    """
 
     package: str
     version: str
@@ -108,13 +120,17 @@ class LockedDeb:
     filename: str
     sha256: str
     size: int
+    archive: str
+    path: str
 
     def as_json(self) -> dict[str, Any]:
         """The lock entry of this package."""
         return {
             "architecture": self.architecture,
+            "archive": self.archive,
             "filename": self.filename,
             "package": self.package,
+            "path": self.path,
             "sha256": self.sha256,
             "size": self.size,
             "version": self.version,
@@ -153,6 +169,11 @@ def _private_config(arch: str, state: Path, sources: Path | None) -> str:
     if sources is not None:
         lines += [f'Dir::Etc::SourceList "{sources}";', f'Dir::Etc::SourceParts "{state / "sources.d"}";']
     return "\n".join(lines) + "\n"
+
+
+def _release_attrs(line: str) -> dict[str, str]:
+    """The ``key=value`` attributes of an ``apt-cache policy`` ``release ...`` line."""
+    return dict(part.split("=", 1) for part in line[len("release ") :].split(",") if "=" in part)
 
 
 class PrivateApt:
@@ -198,9 +219,28 @@ class PrivateApt:
             fields = line.strip()
             if not fields.startswith("release ") or fields == "release a=now":
                 continue
-            attrs = dict(part.split("=", 1) for part in fields[len("release ") :].split(",") if "=" in part)
-            found.add(attrs.get("n", ""))
+            found.add(_release_attrs(fields).get("n", ""))
         return sorted(found)
+
+    def labels(self) -> dict[str, set[str]]:
+        """Base URI -> the Release ``Label`` of every configured package file under it (``l=`` of
+        ``apt-cache policy``; an empty string for a Release file without one)."""
+        found: dict[str, set[str]] = {}
+        uri = None
+        for line in self.run("apt-cache", "policy").splitlines():
+            match = _POLICY_FILE.match(line)
+            if match:
+                uri = match["uri"].rstrip("/")
+                found.setdefault(uri, set())
+                continue
+            fields = line.strip()
+            if uri is not None and fields.startswith("release "):
+                attrs = dict(
+                    part.split("=", 1) for part in fields[len("release ") :].split(",") if "=" in part
+                )
+                found[uri].add(attrs.get("l", ""))
+                uri = None
+        return found
 
     def closure(self, roots: list[str]) -> list[tuple[str, str, str]]:
         """``(package, version, architecture)`` of everything apt would install for ``roots``."""
@@ -256,8 +296,15 @@ def _locked_debs(apt: PrivateApt, closure: list[tuple[str, str, str]]) -> list[L
             raise AptError(
                 f"the apt index record of {key[0]}={key[1]} lacks Filename, Size or SHA256: {record}"
             )
+        path = _pool_path(record["Filename"])
+        if path is None:
+            raise AptError(
+                f"the apt index record of {key[0]}={key[1]}: expected a relative Filename of a .deb "
+                f"without '..', actual {record['Filename']!r}"
+            )
+        # The archive is named once the URL apt downloads it from is known (_name_archives).
         deb = LockedDeb(
-            key[0], key[1], key[2], PurePosixPath(record["Filename"]).name, sha256, int(record["Size"])
+            key[0], key[1], key[2], PurePosixPath(path).name, sha256, int(record["Size"]), "", path
         )
         if debs.setdefault(key, deb) != deb:
             raise AptError(f"apt lists two different files for {deb.request}: {debs[key]} and {deb}")
@@ -265,6 +312,47 @@ def _locked_debs(apt: PrivateApt, closure: list[tuple[str, str, str]]) -> list[L
     if missing:
         raise AptError(f"apt-cache show returned no index record for {', '.join(missing)}")
     return sorted(debs.values(), key=lambda d: (d.package, d.architecture))
+
+
+def _pool_path(filename: str) -> str | None:
+    """The ``Filename`` of an index record as a clean relative path (``./x.deb`` of a flat repository
+    gives ``x.deb``), or None when it is absolute, climbs with ``..`` or names no .deb."""
+    parts = [part for part in filename.split("/") if part not in ("", ".")]
+    if filename.startswith("/") or ".." in parts or not parts or not parts[-1].endswith(".deb"):
+        return None
+    return "/".join(parts)
+
+
+def _archive_name(label: str) -> str:
+    return label.strip().lower().replace(" ", "-")
+
+
+def _name_archives(apt: PrivateApt, debs: list[LockedDeb]) -> list[LockedDeb]:
+    """``debs`` with ``archive`` set: the Label of the Release file of the source apt downloads each from.
+
+    apt names the URL of each file (its base URI + the locked path); the base URI's Release files give the
+    label. Suites of one archive (bookworm, bookworm-updates) share base and label; another label under
+    the same base, or none, cannot name an archive and is an error.
+    """
+    labels = apt.labels()
+    uris = apt.uris([deb.request for deb in debs])
+    named = []
+    for deb in debs:
+        if deb.filename not in uris:
+            raise AptError(f"{deb.request}: apt printed no download URI for {deb.filename}")
+        url = urllib.parse.unquote(uris[deb.filename][0])
+        if not url.endswith("/" + deb.path):
+            raise AptError(f"{deb.request}: expected apt's URL to end with /{deb.path}, actual {url}")
+        base = url[: -len(deb.path) - 1].rstrip("/")
+        found = sorted(labels.get(base, set()))
+        names = sorted({_archive_name(label) for label in found})
+        if len(names) != 1 or not ARCHIVE_NAME.fullmatch(names[0]):
+            raise AptError(
+                f"{deb.request}: expected the Release files under {base} to carry one Label that names "
+                f"the archive (such as Debian or Debian-Security), actual {found or 'no package file'}"
+            )
+        named.append(dataclasses.replace(deb, archive=names[0]))
+    return named
 
 
 def lock_document(arch: str, roots: list[str], debs: list[LockedDeb]) -> dict[str, Any]:
@@ -284,8 +372,15 @@ def dump_lock(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
-def compute_lock(arch: str, roots: list[str], sources: Path | None = None) -> dict[str, Any]:
-    """Ask apt for the closure of ``roots`` on ``arch`` and return the lock document."""
+def compute_lock(
+    arch: str, roots: list[str], sources: Path | None = None, keep: list[LockedDeb] | None = None
+) -> dict[str, Any]:
+    """Ask apt for the closure of ``roots`` on ``arch`` and return the lock document.
+
+    With ``keep`` (the packages of an existing lock), apt resolves nothing: the document holds exactly
+    those versions, with the paths and archives apt lists for them now, and each sha256 and size must be
+    the kept one (a lock written before locks carried paths gains them without any other change).
+    """
     with tempfile.TemporaryDirectory(prefix="sparkseal-apt-") as scratch:
         apt = PrivateApt(arch, Path(scratch), sources)
         apt.update()
@@ -296,15 +391,43 @@ def compute_lock(arch: str, roots: list[str], sources: Path | None = None) -> di
                 f"the apt sources must all be {SUITE} (or {SUITE}-updates, {SUITE}-security), "
                 f"got release codenames {codenames or 'none'}"
             )
-        debs = _locked_debs(apt, apt.closure(roots))
+        if keep is None:
+            closure = apt.closure(roots)
+        else:
+            closure = sorted((deb.package, deb.version, deb.architecture) for deb in keep)
+        debs = _name_archives(apt, _locked_debs(apt, closure))
+    for old in keep or []:
+        new = next(deb for deb in debs if (deb.package, deb.architecture) == (old.package, old.architecture))
+        if (new.sha256, new.size) != (old.sha256, old.size):
+            raise AptError(
+                f"{old.request}: sha256 mismatch: expected {old.sha256} ({old.size} bytes, locked), actual "
+                f"{new.sha256} ({new.size} bytes, listed by the apt sources)"
+            )
     return lock_document(arch, roots, debs)
 
 
-def lock_debian(arch: str, out: Path, roots: list[str] | None = None, sources: Path | None = None) -> int:
-    """Write the lock of ``roots`` (default ``ROOTS``) for ``arch`` to ``out``; return the exit status."""
+def lock_debian(
+    arch: str,
+    out: Path,
+    roots: list[str] | None = None,
+    sources: Path | None = None,
+    keep_versions: bool = False,
+) -> int:
+    """Write the lock of ``roots`` (default ``ROOTS``) for ``arch`` to ``out``; return the exit status.
+
+    ``keep_versions``: re-write the lock at ``out`` with its own roots and versions (compute_lock's
+    ``keep``), so that only the paths and archives apt lists now are added.
+    """
     chosen = sorted(ROOTS) if roots is None else roots
     try:
-        document = compute_lock(arch, chosen, sources)
+        keep = None
+        if keep_versions:
+            document = _read_document(out)
+            locked_arch, keep = _parse_lock(out, document, require_place=False)
+            if locked_arch != arch:
+                raise AptError(f"{out}: expected a lock for {arch}, actual architecture {locked_arch}")
+            chosen = list(document.get("roots") or chosen)
+        document = compute_lock(arch, chosen, sources, keep)
     except AptError as exc:
         print(f"sparkseal: {out}: {exc}", file=sys.stderr)
         return 1
@@ -319,91 +442,49 @@ def lock_debian(arch: str, out: Path, roots: list[str] | None = None, sources: P
     return 0
 
 
-def read_lock(path: Path) -> tuple[str, list[LockedDeb]]:
-    """Return the architecture and the packages of the lock at ``path``; raise ``AptError`` if malformed."""
+def _read_document(path: Path) -> Any:
     try:
-        document = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise AptError(f"{path}: cannot read the lock: {exc}") from exc
+
+
+def _parse_lock(path: Path, document: Any, require_place: bool = True) -> tuple[str, list[LockedDeb]]:
     arch = document.get("architecture") if isinstance(document, dict) else None
     if arch not in ARCHITECTURES:
         raise AptError(f"{path}: expected architecture one of {', '.join(ARCHITECTURES)}, got {arch!r}")
+    if require_place and document.get("format") != LOCK_FORMAT:
+        raise AptError(
+            f"{path}: expected lock format {LOCK_FORMAT} (each package with its archive and path), actual "
+            f"{document.get('format')!r}: add them with `sparkseal lock debian --arch {arch} --keep-versions "
+            f"--out {path}` (apt on a bookworm machine; no version changes)"
+        )
     debs = []
     for entry in document.get("packages", []):
+        fields = dict(entry) if isinstance(entry, dict) else {}
+        if not require_place:
+            fields.setdefault("archive", "")
+            fields.setdefault("path", "")
         try:
-            deb = LockedDeb(**{k: entry[k] for k in LockedDeb.__dataclass_fields__})
+            deb = LockedDeb(**{k: fields[k] for k in LockedDeb.__dataclass_fields__})
         except (KeyError, TypeError) as exc:
             raise AptError(f"{path}: malformed package entry {entry!r}: missing {exc}") from exc
         if not _SHA256.fullmatch(str(deb.sha256)):
             raise AptError(f"{path}: {deb.package}: sha256 {deb.sha256!r} is not 64 lowercase hex digits")
+        if require_place:
+            if not ARCHIVE_NAME.fullmatch(str(deb.archive)):
+                raise AptError(f"{path}: {deb.package}: expected an archive name, actual {deb.archive!r}")
+            if _pool_path(str(deb.path)) != deb.path or PurePosixPath(deb.path).name != deb.filename:
+                raise AptError(
+                    f"{path}: {deb.package}: expected a relative path without '..' ending in "
+                    f"/{deb.filename}, actual {deb.path!r}"
+                )
         debs.append(deb)
     if not debs:
         raise AptError(f"{path}: expected a non-empty list of packages, got {document.get('packages')!r}")
     return arch, debs
 
 
-def resolve_uris(
-    lock: Path, packages: list[str], scratch: Path, sources: Path | None = None
-) -> dict[str, str]:
-    """Package -> download URL for the named locked ``packages`` (all of them when empty).
-
-    apt's index (signed by the archive) must list the locked size and sha256 for each file; otherwise the
-    error names the package, the locked value and apt's.
-    """
-    arch, debs = read_lock(lock)
-    by_name = {deb.package: deb for deb in debs}
-    unknown = sorted(set(packages) - set(by_name))
-    if unknown:
-        raise AptError(f"{lock}: no locked package named {', '.join(unknown)}")
-    wanted = [by_name[name] for name in sorted(set(packages))] if packages else debs
-    apt = PrivateApt(arch, scratch, sources)
-    apt.update()
-    try:
-        uris = apt.uris([deb.request for deb in wanted])
-    except AptError as exc:
-        raise AptError(
-            f"{lock}: {exc}. The apt sources no longer carry a locked version: re-lock with "
-            f"`sparkseal lock debian --arch {arch}`, or point ${SOURCES_ENV} at an apt sources file "
-            "for a snapshot of the archive"
-        ) from exc
-    result = {}
-    for deb in wanted:
-        if deb.filename not in uris:
-            raise AptError(f"{lock}: {deb.request}: apt printed no download URI for {deb.filename}")
-        url, size, digest = uris[deb.filename]
-        listed = digest.split(":", 1)[1].lower() if digest.startswith("SHA256:") else None
-        if listed != deb.sha256 or size != deb.size:
-            raise AptError(
-                f"{lock}: {deb.request}: sha256 mismatch: expected {deb.sha256} ({deb.size} bytes, locked), "
-                f"actual {listed or digest} ({size} bytes, listed by the apt sources)"
-            )
-        result[deb.package] = url
-    return result
-
-
-def _default_sources() -> Path | None:
-    value = os.environ.get(SOURCES_ENV, "").strip()
-    return Path(value) if value else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``uris`` subcommand for repository rules: print ``package<TAB>url`` lines; exit 1 on failure."""
-    parser = argparse.ArgumentParser(prog="python3 -m sparkseal.fetch.lock_debian")
-    commands = parser.add_subparsers(dest="command", required=True)
-    uris = commands.add_parser("uris", help="print the download URL of locked packages")
-    uris.add_argument("--lock", type=Path, required=True, help="a bookworm_<arch>.lock.json")
-    uris.add_argument("--scratch", type=Path, required=True, help="a directory for apt's private state")
-    uris.add_argument("packages", nargs="*", help="locked package names (default: all)")
-    args = parser.parse_args(argv)
-    try:
-        resolved = resolve_uris(args.lock, args.packages, args.scratch, _default_sources())
-    except AptError as exc:
-        print(f"sparkseal: {exc}", file=sys.stderr)
-        return 1
-    for package, url in sorted(resolved.items()):
-        print(f"{package}\t{url}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def read_lock(path: Path) -> tuple[str, list[LockedDeb]]:
+    """Return the architecture and the packages of the lock at ``path``; raise ``AptError`` if malformed."""
+    return _parse_lock(path, _read_document(path))

@@ -1,4 +1,5 @@
-"""Bazel tests of `debian_packages` and `debian_rootfs`: a fixture workspace and a loopback apt repository."""
+"""Bazel tests of `debian_packages` and `debian_rootfs`: a fixture workspace and a loopback Debian archive
+(fetched by base URL + locked path, with no apt)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from tests.fixtures_debian import AptRepo, Exec, Link, lock_for, make_deb, sha25
 pytestmark = [
     pytest.mark.bazel,
     pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)"),
-    pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed"),
 ]
 
 ARCH = "amd64"
@@ -71,7 +71,9 @@ class Fixture:
     repo: AptRepo
     tmp: Path
 
-    def workspace(self, name: str, cache: Path, lock: dict[str, object] | None = None) -> Workspace:
+    def workspace(
+        self, name: str, cache: Path, lock: dict[str, object] | None = None, archives: str | None = None
+    ) -> Workspace:
         root = self.tmp / name
         for rel in COPIES:
             shutil.copytree(REPO / rel, root / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -86,7 +88,8 @@ class Fixture:
             root=root,
             output_base=self.tmp / f"{name}-output-base",
             repository_cache=cache,
-            env=base_env(SPARKSEAL_APT_SOURCES=str(self.repo.sources)),
+            # No apt: the variable alone says where the archive is.
+            env=base_env(SPARKSEAL_DEBIAN_ARCHIVES=archives or self.repo.archives),
         )
 
 
@@ -164,20 +167,40 @@ def test_fetch_rootfs_then_offline_clone_is_identical(fixture: Fixture) -> None:
         clone.shutdown()
 
 
-def test_lock_sha256_that_apt_does_not_list_fails_naming_both(fixture: Fixture) -> None:
-    lock = lock_for(fixture.debs, ARCH)
-    entry = next(p for p in lock["packages"] if p["package"] == "tool")  # type: ignore[union-attr]
-    wrong = "0" * 64
-    entry["sha256"] = wrong
-    ws = fixture.workspace("ws-mismatch", fixture.tmp / "cache-mismatch", lock)
+def test_a_mirror_without_the_file_fails_naming_package_url_and_sha256(fixture: Fixture) -> None:
+    first = fixture.debs[0]  # base-files, the first locked package
+    base = fixture.repo.url + "elsewhere"
+    ws = fixture.workspace("ws-mirror", fixture.tmp / "cache-mirror", archives=f"debian={base}")
     try:
         result = ws.bazel("build", "@debian_fixture//:debs")
     finally:
         ws.shutdown()
     assert result.returncode != 0
-    assert f"tool:{ARCH}=1.0: sha256 mismatch: expected {wrong}" in result.output
-    assert f"actual {sha256(fixture.debs[1])}" in result.output
+    url = f"{base}/pool/main/b/base-files/{first.name}"
+    expected = f"sparkseal: base-files=12.4 ({first.name}): download from {url} failed (expected sha256 "
+    assert f"{expected}{sha256(first)}, locked in //:fixture.lock.json): " in result.output
+    assert "HTTP Error 404" in result.output
     assert not (ws.output_base / "external/debian_fixture/BUILD").exists()
+
+
+def test_the_downloader_config_rewrites_the_archive_urls(fixture: Fixture, tmp_path: Path) -> None:
+    """The archive base names a host that does not exist; Bazel's downloader config (as a CI operator
+    would point it at a mirror) rewrites it to the fixture archive, and every .deb arrives verified."""
+    host_port = fixture.repo.url.split("//", 1)[1].rstrip("/")
+    config = tmp_path / "downloader.cfg"
+    config.write_text(f"rewrite mirror\\.invalid/debian/(.*) {host_port}/$1\n")
+    ws = fixture.workspace(
+        "ws-rewrite", fixture.tmp / "cache-rewrite", archives="debian=http://mirror.invalid/debian"
+    )
+    before = fixture.repo.deb_requests()
+    try:
+        result = ws.bazel("build", f"--experimental_downloader_config={config}", "@debian_fixture//:debs")
+    finally:
+        ws.shutdown()
+    assert result.returncode == 0, result.output
+    assert fixture.repo.deb_requests() - before == len(fixture.debs)
+    external = ws.output_base / "external/debian_fixture/debs"
+    assert all(sha256(external / d.name) == sha256(d) for d in fixture.debs)
 
 
 def test_corrupt_download_is_rejected_with_actual_hash(fixture: Fixture) -> None:

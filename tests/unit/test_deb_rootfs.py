@@ -16,9 +16,10 @@ import pytest
 from sparkseal.actions import oci_layer
 from sparkseal.actions.debian_rootfs import main
 from sparkseal.core.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs
+from sparkseal.fetch.debian_archive import locked_urls
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
-from sparkseal.fetch.lock_debian import read_lock, resolve_uris
+from sparkseal.fetch.lock_debian import read_lock
 from tests.bazel_util import REPO
 from tests.bytecode_probe import PROBE
 from tests.fixtures_debian import (
@@ -405,7 +406,7 @@ def _locked_debs(arch: str, tmp: Path) -> tuple[Path, list[Path]]:
     for deb in locked:
         target = cache / deb.filename
         if not (target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == deb.sha256):
-            urls = urls or resolve_uris(lock, [], tmp / "apt")
+            urls = urls or locked_urls(lock)
             target, _, _ = download(IndexFile(deb.filename, urls[deb.package], deb.sha256, str(lock)), cache)
         debs.append(target)
     return lock, debs

@@ -1,4 +1,5 @@
-"""The Debian lock writer and URL resolver, against a loopback apt repository (and, marked, the real one)."""
+"""The Debian lock writer (against a loopback apt repository) and the fetch's URLs (no apt at all), and,
+marked, the checked-in locks on the real archive."""
 
 from __future__ import annotations
 
@@ -11,9 +12,18 @@ from pathlib import Path
 import pytest
 
 from sparkseal.cli import main as cli_main
-from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, AptError, lock_debian, read_lock, resolve_uris
+from sparkseal.fetch.debian_archive import (
+    ARCHIVES_ENV,
+    ArchiveError,
+    archive_bases,
+    host_archives,
+    locked_urls,
+    parse_archives,
+)
+from sparkseal.fetch.debian_archive import main as archive_main
+from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, AptError, lock_debian, read_lock
 from tests.bazel_util import REPO
-from tests.fixtures_debian import AptRepo, make_deb, sha256, write_lock
+from tests.fixtures_debian import AptRepo, make_deb, pool_path, sha256, write_lock
 
 pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed")
 
@@ -67,6 +77,9 @@ def test_lock_is_the_closure_with_index_hashes_and_is_stable(
     for entry in document["packages"]:
         deb = debs[entry["package"]]
         assert entry["filename"] == deb.name
+        # Where the file lies in its archive, and the archive (the Release file's Label), never a host.
+        assert entry["path"] == pool_path(entry["package"], deb.name)
+        assert entry["archive"] == "debian"
         assert entry["sha256"] == sha256(deb)
         assert entry["size"] == deb.stat().st_size
     liba = next(p for p in document["packages"] if p["package"] == "liba")
@@ -125,61 +138,178 @@ def test_sources_of_another_release_are_refused(
     assert not out.exists()
 
 
-def test_resolve_uris_gives_urls_of_the_locked_files(
+def _format_1(document: dict[str, object]) -> dict[str, object]:
+    """The lock as format 1 wrote it: no archive, no path."""
+    packages = [{k: v for k, v in p.items() if k not in ("archive", "path")} for p in document["packages"]]  # type: ignore[attr-defined]
+    return {**document, "format": 1, "packages": packages}
+
+
+def test_keep_versions_adds_paths_and_archives_and_nothing_else(
+    repo: AptRepo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = tmp_path / "lock.json"
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    current = lock.read_text()
+    write_lock(lock, _format_1(json.loads(current)))
+    with pytest.raises(
+        AptError, match=r"expected lock format 2 .* actual 1: add them with `sparkseal lock debian"
+    ):
+        read_lock(lock)
+    # Other roots given: the lock's own roots and versions are kept.
+    assert lock_debian("arm64", lock, ["pre"], repo.sources, keep_versions=True) == 0
+    assert lock.read_text() == current
+    capsys.readouterr()
+
+    # A kept version whose file the archive now lists with another sha256 is refused, naming both.
+    document = _format_1(json.loads(current))
+    wrong = "0" * 64
+    next(p for p in document["packages"] if p["package"] == "pre")["sha256"] = wrong  # type: ignore[attr-defined]
+    write_lock(lock, document)
+    before = lock.read_text()
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, keep_versions=True) == 1
+    err = capsys.readouterr().err
+    assert f"pre:arm64=3.0: sha256 mismatch: expected {wrong}" in err
+    assert f"actual {sha256(repo.root / pool_path('pre', 'pre_3.0_arm64.deb'))}" in err
+    assert lock.read_text() == before
+
+
+def test_a_source_without_label_cannot_name_the_archive(
+    debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with AptRepo(tmp_path / "nolabel", [debs["pre"]], label="") as bare:
+        assert lock_debian("arm64", tmp_path / "lock.json", ["pre"], bare.sources) == 1
+    err = capsys.readouterr().err
+    assert "pre:arm64=3.0: expected the Release files under http://127.0.0.1:" in err
+    assert "to carry one Label that names the archive" in err
+    assert not (tmp_path / "lock.json").exists()
+
+
+def test_locked_urls_join_the_configured_base_to_the_locked_path(
     repo: AptRepo, debs: dict[str, Path], tmp_path: Path
 ) -> None:
     lock = tmp_path / "lock.json"
     assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
-    urls = resolve_uris(lock, ["liba", "prov"], tmp_path / "scratch", repo.sources)
-    assert sorted(urls) == ["liba", "prov"]
+    # apt is never run: the machine's apt sources say nothing here, the variable names the archive.
+    no_sources = [tmp_path / "no-sources"]
+    urls = locked_urls(lock, ["liba", "prov"], {ARCHIVES_ENV: repo.archives}, no_sources)
+    assert urls == {
+        "liba": f"{repo.url}pool/main/liba/liba/liba_1.0-1_arm64.deb",
+        "prov": f"{repo.url}pool/main/p/prov/prov_1.0_all.deb",
+    }
     for package, url in urls.items():
-        assert url.startswith(repo.url)
         with urllib.request.urlopen(url) as response:
             assert response.read() == debs[package].read_bytes()
-    assert sorted(resolve_uris(lock, [], tmp_path / "scratch2", repo.sources)) == [
+    assert sorted(locked_urls(lock, [], {ARCHIVES_ENV: repo.archives}, no_sources)) == [
         "app",
         "liba",
         "pre",
         "prov",
     ]
+    with pytest.raises(ArchiveError, match="no locked package named nope"):
+        locked_urls(lock, ["nope"], {ARCHIVES_ENV: repo.archives}, no_sources)
+    with pytest.raises(ArchiveError) as info:
+        locked_urls(lock, [], {}, no_sources)
+    message = str(info.value)
+    assert "no base URL for the Debian archive 'debian'" in message
+    assert f"set {ARCHIVES_ENV}" in message
 
 
-def test_resolve_uris_names_package_expected_and_actual_on_mismatch(
-    repo: AptRepo, debs: dict[str, Path], tmp_path: Path
+def test_archive_bases_from_the_variable_the_apt_sources_and_siblings(tmp_path: Path) -> None:
+    assert parse_archives(" debian=http://m.example/debian/,debian-security=file:///srv/ds ") == {
+        "debian": "http://m.example/debian",
+        "debian-security": "file:///srv/ds",
+    }
+    with pytest.raises(ArchiveError) as info:
+        parse_archives("debian=https://user:s3cret@m.example/debian mirror")
+    assert "expected NAME=URL" in str(info.value) and "'mirror'" in str(info.value)
+    with pytest.raises(ArchiveError) as info:
+        parse_archives("debian=https://user:s3cret@m.example/debian debian=ftp://x")
+    assert "s3cret" not in str(info.value)
+
+    # The apt sources as text: a one-line file (options, comments, deb-src ignored) and a deb822 file
+    # (a disabled stanza ignored); the first source of a name wins.
+    sources = tmp_path / "sources.list"
+    sources.write_text(
+        "# comment\ndeb-src http://src.example/debian sid main\n"
+        "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian/ sid main\n"
+    )
+    parts = tmp_path / "sources.list.d"
+    parts.mkdir()
+    (parts / "a.sources").write_text(
+        "Types: deb\nURIs: http://off.example/debian-security\nSuites: x\nEnabled: no\n\n"
+        "Types: deb deb-src\nURIs: http://two.example/debian\n http://three.example/debian-security\n"
+        "Suites: bookworm-security\nComponents: main\n"
+    )
+    (parts / "ignored.txt").write_text("deb http://never.example/debian sid main\n")
+    paths = [sources, parts]
+    assert host_archives(paths) == {
+        "debian": "http://one.example/debian",
+        "debian-security": "http://three.example/debian-security",
+    }
+    # The variable wins over the sources for the archives it names.
+    env = {ARCHIVES_ENV: "debian=http://snap.example/archive/debian/20250520T000000Z"}
+    assert archive_bases(["debian", "debian-security"], env, paths) == {
+        "debian": "http://snap.example/archive/debian/20250520T000000Z",
+        "debian-security": "http://three.example/debian-security",
+    }
+    # A sid machine's sources name only .../debian: the security archive is its sibling.
+    sources.write_text("deb http://mirror.example/debian sid main\n")
+    assert archive_bases(["debian", "debian-security"], {}, [sources]) == {
+        "debian": "http://mirror.example/debian",
+        "debian-security": "http://mirror.example/debian-security",
+    }
+    # An Ubuntu machine's sources name no Debian archive: no guess from them, the variable is asked for.
+    sources.write_text("deb http://ports.example/ubuntu-ports noble main\n")
+    with pytest.raises(ArchiveError, match="no base URL for the Debian archive 'debian'"):
+        archive_bases(["debian", "debian-security"], {}, [sources])
+
+
+def test_urls_command_prints_tab_separated_urls_or_one_error(
+    repo: AptRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lock = tmp_path / "lock.json"
     assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
-    document = json.loads(lock.read_text())
-    wrong = "0" * 64
-    next(p for p in document["packages"] if p["package"] == "pre")["sha256"] = wrong
-    write_lock(lock, document)
-    with pytest.raises(AptError) as info:
-        resolve_uris(lock, ["pre"], tmp_path / "scratch", repo.sources)
-    message = str(info.value)
-    assert "pre:arm64=3.0" in message
-    assert f"expected {wrong}" in message
-    assert f"actual {sha256(debs['pre'])}" in message
-
-
-def test_resolve_uris_explains_a_version_the_sources_no_longer_carry(repo: AptRepo, tmp_path: Path) -> None:
-    lock = tmp_path / "lock.json"
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
-    document = json.loads(lock.read_text())
-    next(p for p in document["packages"] if p["package"] == "pre")["version"] = "2.9"
-    write_lock(lock, document)
-    with pytest.raises(AptError) as info:
-        resolve_uris(lock, ["pre"], tmp_path / "scratch", repo.sources)
-    message = str(info.value)
-    assert "Version '2.9' for 'pre' was not found" in message
-    assert "sparkseal lock debian --arch arm64" in message
-    assert "SPARKSEAL_APT_SOURCES" in message
+    capsys.readouterr()
+    monkeypatch.setenv(ARCHIVES_ENV, repo.archives)
+    assert archive_main(["urls", "--lock", str(lock), "pre"]) == 0
+    assert capsys.readouterr().out == f"pre\t{repo.url}pool/main/p/pre/pre_3.0_arm64.deb\n"
+    write_lock(lock, _format_1(json.loads(lock.read_text())))
+    assert archive_main(["urls", "--lock", str(lock)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sparkseal: {lock}: expected lock format 2") and err.count("\n") == 1
 
 
 def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
     lock = write_lock(
-        tmp_path / "lock.json", {"architecture": "arm64", "packages": [{"package": "x", "sha256": "ab"}]}
+        tmp_path / "lock.json",
+        {"architecture": "arm64", "format": 2, "packages": [{"package": "x", "sha256": "ab"}]},
     )
     with pytest.raises(AptError, match=r"lock.json: malformed package entry .* missing 'version'"):
+        read_lock(lock)
+    entry = {
+        "architecture": "arm64",
+        "archive": "debian",
+        "filename": "x_1_arm64.deb",
+        "package": "x",
+        "path": "../x_1_arm64.deb",
+        "sha256": "a" * 64,
+        "size": 1,
+        "version": "1",
+    }
+    write_lock(lock, {"architecture": "arm64", "format": 2, "packages": [entry]})
+    with pytest.raises(
+        AptError, match=r"x: expected a relative path without '\.\.' ending in /x_1_arm64.deb"
+    ):
+        read_lock(lock)
+    write_lock(
+        lock,
+        {
+            "architecture": "arm64",
+            "format": 2,
+            "packages": [{**entry, "path": "pool/x_1_arm64.deb", "archive": "Debian Main"}],
+        },
+    )
+    with pytest.raises(AptError, match=r"x: expected an archive name, actual 'Debian Main'"):
         read_lock(lock)
     write_lock(lock, {"architecture": "riscv64", "packages": []})
     with pytest.raises(AptError, match=r"expected architecture one of amd64, arm64, got 'riscv64'"):
@@ -204,11 +334,17 @@ def test_cli_writes_the_named_lock(repo: AptRepo, tmp_path: Path, capsys: pytest
 
 @pytest.mark.network
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_checked_in_lock_still_resolves_on_the_archive(arch: str, tmp_path: Path) -> None:
+def test_checked_in_lock_still_resolves_on_the_archive(arch: str) -> None:
+    """Every locked file is still served, at the size locked, from this machine's archive bases."""
     lock = REPO / f"third_party/debian/bookworm_{arch}.lock.json"
     locked_arch, debs = read_lock(lock)
     assert locked_arch == arch
     assert set(ROOTS) <= {d.package for d in debs}
     assert json.loads(lock.read_text())["roots"] == sorted(ROOTS)
-    urls = resolve_uris(lock, [], tmp_path / "scratch")
+    urls = locked_urls(lock)
     assert sorted(urls) == sorted(d.package for d in debs)
+    for deb in debs:
+        with urllib.request.urlopen(
+            urllib.request.Request(urls[deb.package], method="HEAD"), timeout=60
+        ) as reply:
+            assert int(reply.headers["Content-Length"]) == deb.size, urls[deb.package]

@@ -1,0 +1,202 @@
+"""Where a locked .deb is downloaded from: the base URL of its archive joined to its locked path.
+
+A Debian lock names each file's archive (``debian``, ``debian-security``) and its path in it
+(``pool/main/...``), never a host. The build machine says where each archive is, as pip's index URL is
+taken for the wheels (``sparkseal.fetch.index``):
+
+1. ``$SPARKSEAL_DEBIAN_ARCHIVES``: ``NAME=URL`` pairs separated by spaces or commas, e.g.
+   ``debian=https://MIRROR/debian debian-security=https://MIRROR/debian-security``, or a snapshot of
+   both. A URL may carry credentials (``https://user:token@host/...``): they are handed to Bazel's
+   downloader beside the URL (``sparkseal.fetch.credentials``), never printed.
+2. Otherwise the machine's own apt sources, read as text only (apt is never run, no Release file or
+   keyring is needed, and the suites they list do not matter): a ``deb`` source whose URI's last path
+   segment is an archive's name (``.../debian``) is that archive's base. Any Debian release's sources
+   name the mirror that also carries bookworm's pool.
+3. An archive still without a base is the sibling of another archive of the same lock that has one
+   (``.../debian`` gives ``.../debian-security``), the layout of Debian's mirrors and of its snapshot
+   archive.
+
+Anything else (an Ubuntu host, a mirror with another layout) sets the variable; the error says so. Bazel's
+downloader then fetches the URL, verifies the locked sha256, and applies ``--experimental_downloader_config``
+rewrites (mirrors, blocks) as it does for every other download.
+
+Standard library only: repository rules run ``python3 -m sparkseal.fetch.debian_archive urls --lock LOCK``
+with the host ``python3``; it prints ``package<TAB>URL`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from sparkseal.core.credentials import redact
+from sparkseal.fetch.lock_debian import ARCHIVE_NAME, AptError, LockedDeb, read_lock
+
+ARCHIVES_ENV = "SPARKSEAL_DEBIAN_ARCHIVES"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+_URL = re.compile(r"^(https?|file)://\S+$")
+
+
+class ArchiveError(Exception):
+    """No base URL is known for an archive a lock names, or the configuration is malformed."""
+
+
+def parse_archives(value: str, where: str = f"${ARCHIVES_ENV}") -> dict[str, str]:
+    """``NAME=URL`` pairs (spaces or commas between them) -> {name: base URL without a trailing slash}."""
+    found: dict[str, str] = {}
+    for item in re.split(r"[\s,]+", value.strip()):
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        if not sep or not ARCHIVE_NAME.fullmatch(name) or not _URL.match(url):
+            raise ArchiveError(
+                f"{where}: expected NAME=URL (an archive name such as debian, then an http(s):// or "
+                f"file:// URL), actual {redact(item)!r}"
+            )
+        if name in found:
+            raise ArchiveError(f"{where}: archive {name} is named twice")
+        found[name] = url.rstrip("/")
+    return found
+
+
+def _one_line_uris(text: str) -> list[str]:
+    """The URIs of ``deb`` lines of a one-line-style sources file."""
+    uris = []
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words or words[0] != "deb":
+            continue
+        rest = words[1:]
+        if rest and rest[0].startswith("["):
+            while rest and not rest[0].endswith("]"):
+                rest = rest[1:]
+            rest = rest[1:]
+        if rest:
+            uris.append(rest[0])
+    return uris
+
+
+def _deb822_uris(text: str) -> list[str]:
+    """The URIs of enabled ``deb`` stanzas of a deb822 ``.sources`` file."""
+    uris = []
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        key = None
+        for line in stanza.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1].isspace() and key is not None:
+                fields[key] += " " + line.strip()
+            elif ":" in line:
+                key, value = line.split(":", 1)
+                key = key.strip().lower()
+                fields[key] = value.strip()
+        if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+            uris += fields.get("uris", "").split()
+    return uris
+
+
+def host_archives(paths: Iterable[Path] = APT_SOURCES) -> dict[str, str]:
+    """{archive name: base URL} from the machine's apt sources: each ``deb`` URI named by its last segment.
+
+    Only the text is read; the first source of a name wins, in apt's own order (sources.list, then the
+    files of sources.list.d by name).
+    """
+    uris: list[str] = []
+    for path in paths:
+        files = sorted(path.iterdir()) if path.is_dir() else [path]
+        for file in files:
+            if not file.is_file():
+                continue
+            try:
+                text = file.read_text()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if file.suffix == ".sources":
+                uris += _deb822_uris(text)
+            elif file.suffix == ".list" or file.name == "sources.list":
+                uris += _one_line_uris(text)
+    found: dict[str, str] = {}
+    for uri in uris:
+        base = uri.rstrip("/")
+        name = base.rsplit("/", 1)[-1]
+        if _URL.match(base) and ARCHIVE_NAME.fullmatch(name):
+            found.setdefault(name, base)
+    return found
+
+
+def archive_bases(
+    needed: Iterable[str], environ: Mapping[str, str] | None = None, paths: Iterable[Path] = APT_SOURCES
+) -> dict[str, str]:
+    """{archive: base URL} for every archive in ``needed``: the variable, the apt sources, a sibling."""
+    env = os.environ if environ is None else environ
+    configured = parse_archives(env.get(ARCHIVES_ENV, ""))
+    host = host_archives(paths)
+    bases = {}
+    names = sorted(set(needed))
+    known = {name: configured.get(name) or host.get(name) for name in names}
+    for name in names:
+        base = known[name]
+        if base is None:
+            # Only from another archive of the same lock: an Ubuntu mirror's sibling is no Debian archive.
+            sibling = next((url for _, url in sorted(known.items()) if url is not None), None)
+            if sibling is not None:
+                base = sibling.rsplit("/", 1)[0] + "/" + name
+        if base is None:
+            raise ArchiveError(
+                f"no base URL for the Debian archive {name!r}: set {ARCHIVES_ENV} (e.g. "
+                f"'{name}=https://MIRROR/{name}', or a snapshot of it), or list a Debian mirror in the apt "
+                "sources of this machine; expected a URL whose pool/ holds the locked .debs, actual: none in "
+                f"${ARCHIVES_ENV} or {', '.join(map(str, APT_SOURCES))}"
+            )
+        bases[name] = base
+    return bases
+
+
+def deb_url(base: str, deb: LockedDeb) -> str:
+    """The download URL of a locked .deb under its archive's base URL."""
+    return f"{base.rstrip('/')}/{deb.path}"
+
+
+def locked_urls(
+    lock: Path,
+    packages: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+    paths: Iterable[Path] = APT_SOURCES,
+) -> dict[str, str]:
+    """Package -> download URL for the named locked ``packages`` (all of them when empty)."""
+    _, debs = read_lock(lock)
+    by_name = {deb.package: deb for deb in debs}
+    wanted_names = sorted(set(packages))
+    unknown = [name for name in wanted_names if name not in by_name]
+    if unknown:
+        raise ArchiveError(f"{lock}: no locked package named {', '.join(unknown)}")
+    wanted = [by_name[name] for name in wanted_names] if wanted_names else debs
+    bases = archive_bases({deb.archive for deb in debs}, environ, paths)
+    return {deb.package: deb_url(bases[deb.archive], deb) for deb in wanted}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``urls`` for repository rules: print ``package<TAB>url`` lines; exit 1 with one message on failure."""
+    parser = argparse.ArgumentParser(prog="python3 -m sparkseal.fetch.debian_archive")
+    commands = parser.add_subparsers(dest="command", required=True)
+    urls = commands.add_parser("urls", help="print the download URL of locked packages")
+    urls.add_argument("--lock", type=Path, required=True, help="a Debian lock (bookworm_<arch>.lock.json)")
+    urls.add_argument("packages", nargs="*", help="locked package names (default: all)")
+    args = parser.parse_args(argv)
+    try:
+        resolved = locked_urls(args.lock, args.packages)
+    except (ArchiveError, AptError) as exc:
+        print(f"sparkseal: {exc}", file=sys.stderr)
+        return 1
+    for package, url in sorted(resolved.items()):
+        print(f"{package}\t{url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
