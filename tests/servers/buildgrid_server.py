@@ -195,7 +195,7 @@ def _wait_for_bot(proc: subprocess.Popen[bytes], log: Path) -> None:
 
 @contextmanager
 def postgres() -> Iterator[str]:
-    """A private PostgreSQL 15 cluster (trust auth, 127.0.0.1 only); yields its connection URL.
+    """A private PostgreSQL 15 cluster (trust auth, 127.0.0.1 only); yields its SQLAlchemy URL.
 
     PostgreSQL refuses to run as root, so as root the cluster belongs to the ``postgres`` user and lives
     in a directory of its own under the system temporary directory (pytest's are private to root).
@@ -248,7 +248,9 @@ def postgres() -> Iterator[str]:
                 f"pg_ctl start {data}: expected exit code 0, actual {start.returncode}:\n{detail}"
             )
         try:
-            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            # psycopg2 by name: SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3, on whose connections
+            # BuildGrid 0.4's job notifier calls psycopg2's poll() in a loop.
+            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
         finally:
             subprocess.run(
                 [str(pg_ctl), "-D", str(data), "-m", "immediate", "-w", "stop"],
