@@ -500,6 +500,7 @@ def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         min_acceptance=args.min_acceptance,
         min_accepted_length=args.min_accepted_length,
         min_request_accepted_length=args.min_request_accepted_length,
+        wait=args.wait,
     )
     progress = (
         (lambda line: print(line, file=sys.stderr, flush=True)) if not args.json else (lambda _line: None)
@@ -548,6 +549,15 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     )
     live.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     live.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    live.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the server to answer /v1/models before the checks (a server started a "
+        "moment ago refuses connections while it loads its model); past it, the server is unreachable "
+        "(exit 2) (default: 0, no wait)",
+    )
     live.add_argument("--soak", type=_positive(int), default=120, help="soak requests (default: 120)")
     live.add_argument(
         "--max-tokens", type=_positive(int), default=32, help="tokens per completion (default: 32)"
