@@ -545,6 +545,7 @@ def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             idle_utilization=args.idle_utilization,
             idle_timeout=args.idle_timeout,
             progress_interval=args.progress_interval,
+            wait=args.wait,
         )
         # Progress goes to stderr, --json or not: the report alone is on stdout.
         report = run(options, lambda line: print(f"live-check: {line}", file=sys.stderr, flush=True))
@@ -598,6 +599,15 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     )
     live.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     live.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    live.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the server to answer /v1/models before the checks (a server started a "
+        "moment ago refuses connections while it loads its model); past it, the server is unreachable "
+        "(exit 2) (default: 0, no wait)",
+    )
     live.add_argument(
         "--profile",
         choices=sorted(PROFILES),

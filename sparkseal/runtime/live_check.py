@@ -242,6 +242,7 @@ class Options:
     idle_timeout: float = 60.0
     idle_poll: float = 1.0
     progress_interval: float = 30.0
+    wait: float = 0.0
 
     @property
     def floors(self) -> bool:
@@ -331,6 +332,30 @@ class Client:
             raise Unreachable(f"{self.shown}{path}: {error.reason}") from None
         except (ConnectionError, OSError) as error:
             raise RequestFailed("connection", f"{path}: {error}") from None
+
+    def wait_until_ready(self, seconds: float, timeout: float, progress: Callable[[str], None]) -> None:
+        """Poll ``/v1/models`` until the server answers it with 200, for at most ``seconds``.
+
+        A server started a moment ago refuses connections (or answers 503) while it loads its model, and an
+        operator who starts it in the background and checks it at once should not get "unreachable" for
+        that. Past the deadline it is unreachable, with the last error seen.
+        """
+        deadline = time.monotonic() + seconds
+        progress(f"waiting up to {seconds:g} s for {self.shown}/v1/models")
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                self._open("/v1/models", None, max(0.1, min(timeout, remaining)))
+                self.answered = False  # the checks start afresh: a refusal before them is "unreachable"
+                return
+            except (Unreachable, RequestFailed) as error:
+                last = str(error)
+            if time.monotonic() + 1.0 > deadline:
+                self.answered = False
+                raise Unreachable(
+                    f"{self.shown}/v1/models: no answer within {seconds:g} s (--wait); last: {last}"
+                )
+            time.sleep(1.0)
 
     def get_json(self, path: str, timeout: float) -> Any:
         _, raw = self._open(path, None, timeout)
@@ -701,6 +726,8 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     ):
         if floor is not None and floor < 0:
             raise UsageError(f"{flag} {floor:g}: expected tokens per draft step, at least 0")
+    if options.wait < 0:
+        raise UsageError(f"--wait {options.wait:g}: expected seconds, at least 0")
     if options.min_request_accepted_length is not None and options.concurrency != 1:
         raise UsageError(
             "--min-request-accepted-length reads /metrics around each request, so it needs --concurrency 1 "
@@ -711,6 +738,9 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     given_prompts = _load_prompts(options.prompts) if options.prompts is not None else None
     client = Client(options.url, options.api_key)
     report = Report(url=client.shown, profile=options.profile)
+
+    if options.wait > 0:
+        client.wait_until_ready(options.wait, options.timeout, progress)
 
     # Reachability and the model name (an unreachable server raises Unreachable here).
     server = Step("server", ok=False)

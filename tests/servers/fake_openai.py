@@ -97,9 +97,9 @@ def logprob(behaviour: Behaviour, rank: int) -> float:
 
 
 class FakeServer:
-    def __init__(self, behaviour: Behaviour | None = None) -> None:
+    def __init__(self, behaviour: Behaviour | None = None, port: int | None = None) -> None:
         self.behaviour = behaviour or Behaviour()
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests = 0
         self._lock = threading.Lock()

@@ -5,7 +5,8 @@ benchmark scripts, ``make`` targets and Bazel labels and configs. When a file mo
 the check names the page and the line: every relative link leads to a file and its ``#fragment`` to one of
 that page's headings (GitHub's anchor rules); every repository path written alone in backticks exists; every
 ``sparkseal ...``, ``python3 -m ...`` (of this repository's packages) and ``python3 bench/...`` command
-answers ``--help`` with exit 0; every ``make`` target is in the Makefile; every Bazel label names a package
+answers ``--help`` with exit 0, and every ``--option`` written after a ``sparkseal`` command is one it
+accepts; every ``make`` target is in the Makefile; every Bazel label names a package
 with a BUILD file that declares the target (by name, or by the ``"prefix_" + platform`` of its macros), and
 every ``--config`` is in ``.bazelrc``. No Bazel runs: the labels are read from the BUILD files.
 """
@@ -118,15 +119,23 @@ def anchors(page: Page) -> set[str]:
     return found
 
 
+# The key under which a command's node holds the options it accepts (no subcommand is named so).
+OPTIONS = "--"
+
+
 def _command_tree(parser: argparse.ArgumentParser) -> dict[str, dict]:
+    tree: dict[str, dict] = {}
+    options = {option for action in parser._actions for option in action.option_strings}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return {name: _command_tree(sub) for name, sub in action.choices.items()}
-    return {}
+            tree = {name: _command_tree(sub) for name, sub in action.choices.items()}
+    tree[OPTIONS] = {option: {} for option in options}
+    return tree
 
 
 def sparkseal_commands() -> dict[str, dict]:
-    """The ``sparkseal`` command's subcommands, nested (``{"provenance": {"check": {}, ...}, ...}``)."""
+    """The ``sparkseal`` command's subcommands, nested (``{"provenance": {"check": {...}, ...}, ...}``),
+    each node with the options that command accepts under ``OPTIONS``."""
     from sparkseal.cli import build_parser
 
     return _command_tree(build_parser())
@@ -251,6 +260,9 @@ def _command(
         return
     if words[0] == "sparkseal":
         _sparkseal(findings, tree, words[1:], where)
+    elif "--entrypoint" in words[:-2] and words[words.index("--entrypoint") + 1] == "sparkseal":
+        # `podman run ... --entrypoint sparkseal IMAGE COMMAND ...`: the image's own sparkseal
+        _sparkseal(findings, tree, words[words.index("--entrypoint") + 3 :], where)
     elif _is_python(words[0]) and len(words) > 2 and words[1] == "-m":
         module = words[2]
         if module == "sparkseal":
@@ -273,7 +285,7 @@ def _sparkseal(findings: Findings, tree: dict[str, dict], words: list[str], wher
     path: list[str] = []
     node = tree
     for word in words:
-        if word not in node:
+        if word == OPTIONS or word not in node:
             break
         path.append(word)
         node = node[word]
@@ -281,6 +293,12 @@ def _sparkseal(findings: Findings, tree: dict[str, dict], words: list[str], wher
         findings.problems.append(f"{where}: sparkseal {words[0]}: no such command")
         return
     findings.commands.setdefault(("-m", "sparkseal", *path, "--help"), where)
+    # Every option written after the command is one it accepts (`[--json]` and `--key=VALUE` alike).
+    for word in words[len(path) :]:
+        option = re.match(r"\[?(--[a-z][a-z0-9-]*)", word)
+        if option and option.group(1) not in node[OPTIONS]:
+            command = " ".join(path)
+            findings.problems.append(f"{where}: sparkseal {command}: no option {option.group(1)}")
 
 
 def test_links_anchors_paths_targets_and_labels_are_alive() -> None:
@@ -337,6 +355,8 @@ def planted(tmp_path: Path) -> Path:
         "```sh\n"
         "sparkseal provenance check P.json   # a comment: sparkseal nothing-here\n"
         "sparkseal no-such-command --json\n"
+        "sparkseal provenance check P.json [--json] --no-such-option=1\n"
+        "$run --entrypoint sparkseal $img live-check http://x --wait 9 --no-wait\n"
         "FOO=1 python3 bench/x.py --flag \\\n    --more\n"
         "python3 -m sparkseal.fetch.lock_wheels && make nope\n"
         "bazel build --config=disk --config=nope //pkg:tool_linux_x86_64 //pkg:other //nope:x \\\n"
@@ -356,14 +376,17 @@ def test_a_planted_break_of_each_kind_is_named(planted: Path) -> None:
         "README.md:4: link to #nowhere: README.md has no heading #nowhere",
         "README.md:6: tests/gone.py does not exist",
         "docs/a.md:7: sparkseal no-such-command: no such command",
-        "docs/a.md:10: make nope: no such target in the Makefile",
-        "docs/a.md:11: --config=nope is not in .bazelrc",
-        "docs/a.md:11: //pkg:other: pkg/BUILD declares no target 'other'",
-        "docs/a.md:11: //nope:x: no BUILD file in nope",
+        "docs/a.md:8: sparkseal provenance check: no option --no-such-option",
+        "docs/a.md:9: sparkseal live-check: no option --no-wait",
+        "docs/a.md:12: make nope: no such target in the Makefile",
+        "docs/a.md:13: --config=nope is not in .bazelrc",
+        "docs/a.md:13: //pkg:other: pkg/BUILD declares no target 'other'",
+        "docs/a.md:13: //nope:x: no BUILD file in nope",
         "README.md: does not link to docs/orphan.md",
     ]
     assert findings.commands == {
         ("-m", "sparkseal", "provenance", "check", "--help"): "docs/a.md:6",
-        ("bench/x.py", "--help"): "docs/a.md:8",
-        ("-m", "sparkseal.fetch.lock_wheels", "--help"): "docs/a.md:10",
+        ("-m", "sparkseal", "live-check", "--help"): "docs/a.md:9",
+        ("bench/x.py", "--help"): "docs/a.md:10",
+        ("-m", "sparkseal.fetch.lock_wheels", "--help"): "docs/a.md:12",
     }

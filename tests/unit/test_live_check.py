@@ -6,6 +6,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -375,6 +377,38 @@ def test_clean_server_log_passes(tmp_path: Path):
 def test_unreachable_server_raises():
     with pytest.raises(Unreachable, match="Connection refused"):
         run(Options(url=f"http://127.0.0.1:{free_port()}", **SMALL))
+
+
+def test_wait_lets_a_server_that_is_still_starting_answer():
+    port = free_port()
+    started: list[FakeServer] = []
+
+    def start_late() -> None:
+        time.sleep(1.5)  # refused connections first, as from a server still loading its model
+        started.append(FakeServer(port=port).__enter__())
+
+    late = threading.Thread(target=start_late)
+    late.start()
+    try:
+        begin = time.monotonic()
+        report = run(Options(url=f"http://127.0.0.1:{port}", **SMALL, wait=30.0))
+    finally:
+        late.join()
+        for server in started:
+            server.__exit__(None, None, None)
+    assert report.ok, report.findings
+    assert time.monotonic() - begin >= 1.5
+
+
+def test_wait_past_its_deadline_is_unreachable_with_the_last_error():
+    begin = time.monotonic()
+    with pytest.raises(Unreachable) as error:
+        run(Options(url=f"http://127.0.0.1:{free_port()}", **SMALL, wait=2.0))
+    assert time.monotonic() - begin >= 1.0
+    assert "/v1/models: no answer within 2 s (--wait); last: " in str(error.value)
+    assert "Connection refused" in str(error.value)
+    with pytest.raises(UsageError, match="--wait -1: expected seconds, at least 0"):
+        run(Options(url="http://127.0.0.1:1", **SMALL, wait=-1.0))
 
 
 def test_credentials_in_the_url_never_appear(tmp_path: Path):
