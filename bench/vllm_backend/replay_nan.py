@@ -21,9 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sparkseal.runtime.sparse_mla_ref import V4_FP8, sparse_mla_decode_ref
-
-_DATA_BYTES = 576
+from sparkseal.runtime.sparse_mla_ref import V4_DATA_BYTES, V4_FP8, sparse_mla_decode_ref
 
 
 def row_stats(cache: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
@@ -42,7 +40,7 @@ def row_stats(cache: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor 
         page, offset = slots // page_size, slots % page_size
         nan_bytes = 0
         if slots.numel():
-            start = offset * _DATA_BYTES
+            start = offset * V4_DATA_BYTES
             cols = start.unsqueeze(1) + torch.arange(448)
             data = flat[page.unsqueeze(1).expand_as(cols), cols]
             nan_bytes = int(((data & 0x7F) == 0x7F).sum())

@@ -45,8 +45,8 @@ V32_FP8 = Layout("v32_fp8", 1, q_dim=576, nope_dim=512, record_bytes=656, cache_
 V32_BF16 = Layout("v32_bf16", 2, q_dim=576, nope_dim=512, record_bytes=1152, cache_dtype=torch.bfloat16)
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (V4_FP8, V32_FP8, V32_BF16)}
 
-_V4_DATA = 576  # bytes of one token's fp8 NoPE + bf16 RoPE inside a V4 page
-_V4_SCALES = 8  # bytes of one token's ue8m0 scales (7) + pad (1) after all tokens' data
+V4_DATA_BYTES = 576  # bytes of one token's fp8 NoPE + bf16 RoPE inside a V4 page
+V4_SCALE_BYTES = 8  # bytes of one token's ue8m0 scales (7) + pad (1) after all tokens' data
 _V4_GROUP = 64
 _V32_GROUP = 128
 
@@ -101,10 +101,14 @@ def pack_cache(latent: torch.Tensor, layout: Layout, page_size: int = PAGE_SIZE)
         exponents = ue8m0_exponents(nope)
         scale = torch.pow(2.0, exponents.float()).repeat_interleave(_V4_GROUP, dim=1)
         data = torch.cat([_fp8_bytes(nope / scale), _bf16_bytes(rope)], dim=1)  # [n, 576]
-        scale_bytes = torch.zeros(n, _V4_SCALES, dtype=torch.uint8, device=latent.device)
+        scale_bytes = torch.zeros(n, V4_SCALE_BYTES, dtype=torch.uint8, device=latent.device)
         scale_bytes[:, :7] = (exponents + 127).clamp(0, 255).to(torch.uint8)
         page = torch.cat(
-            [data.view(pages, page_size * _V4_DATA), scale_bytes.view(pages, page_size * _V4_SCALES)], dim=1
+            [
+                data.view(pages, page_size * V4_DATA_BYTES),
+                scale_bytes.view(pages, page_size * V4_SCALE_BYTES),
+            ],
+            dim=1,
         )
         return page.view(pages, page_size, layout.record_bytes)
     groups = nope.view(n, -1, _V32_GROUP)
@@ -131,8 +135,8 @@ def unpack_cache(cache: torch.Tensor, layout: Layout) -> torch.Tensor:
         return cache.reshape(n, layout.q_dim).float()
     if layout is V4_FP8:
         page = cache.reshape(pages, page_size * layout.record_bytes)
-        data = page[:, : page_size * _V4_DATA].reshape(n, _V4_DATA)
-        scale_bytes = page[:, page_size * _V4_DATA :].reshape(n, _V4_SCALES)[:, :7]
+        data = page[:, : page_size * V4_DATA_BYTES].reshape(n, V4_DATA_BYTES)
+        scale_bytes = page[:, page_size * V4_DATA_BYTES :].reshape(n, V4_SCALE_BYTES)[:, :7]
         scale = torch.pow(2.0, scale_bytes.float() - 127.0).repeat_interleave(_V4_GROUP, dim=1)
         nope = data[:, : layout.nope_dim].contiguous().view(torch.float8_e4m3fn).float() * scale
         rope = data[:, layout.nope_dim :].contiguous().view(torch.bfloat16).float()

@@ -19,13 +19,10 @@ from typing import Any
 
 import torch
 
-from sparkseal.runtime.sparse_mla_ref import V4_FP8, sparse_mla_decode_ref
+from sparkseal.runtime.sparse_mla_ref import V4_DATA_BYTES, V4_FP8, V4_SCALE_BYTES, sparse_mla_decode_ref
 
 DEBUG_ENV = "SPARKSEAL_SPARSE_MLA_V4_DEBUG"
 MAX_DUMPS = 8
-# V4 records: 576 data bytes per token first, then 8 scale bytes per token (7 ue8m0 + 1 pad), per page.
-_DATA_BYTES = 576
-_SCALE_BYTES = 8
 
 logger = logging.getLogger("vllm.sparkseal")
 _state = {"calls": 0, "dumps": 0}
@@ -71,7 +68,7 @@ def _scale_bytes(cache: torch.Tensor, indices: torch.Tensor, lengths: torch.Tens
     slots = idx[valid]
     flat = cache.reshape(num_pages, -1)
     page, offset = slots // page_size, slots % page_size
-    start = page_size * _DATA_BYTES + offset * _SCALE_BYTES
+    start = page_size * V4_DATA_BYTES + offset * V4_SCALE_BYTES
     cols = start.unsqueeze(1) + torch.arange(7, device=idx.device)
     return flat[page.unsqueeze(1).expand_as(cols), cols]
 
