@@ -33,7 +33,10 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
-CSRC = REPO / "kernels_sm121" / "csrc"
+sys.path.insert(0, str(REPO))
+
+from tests.kernel_variant import CSRC, build_library  # noqa: E402
+
 KERNEL = "sparse_mla_kernel.cuh"
 HOST = "sparse_mla.cu"
 
@@ -122,35 +125,6 @@ def _bench() -> ModuleType:
     return sparse_mla
 
 
-def build(src: Path, lib: Path, nvcc: str, arch: str, defines: list[str]) -> None:
-    """One shared library from every ``sparse_mla*.cu`` of ``src`` (compiled in parallel)."""
-    objs = lib.parent / f"{lib.stem}.objs"
-    objs.mkdir()
-    flags = [
-        "-O3",
-        "-std=c++17",
-        "-Xcompiler",
-        "-fPIC",
-        f"-I{REPO / 'kernels_sm121' / 'include'}",
-        "-gencode",
-        f"arch={arch.replace('sm_', 'compute_')},code={arch}",
-        *defines,
-    ]
-    sources = sorted(src.glob("sparse_mla*.cu"))
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        jobs = [
-            pool.submit(
-                subprocess.run, [nvcc, *flags, "-c", str(cu), "-o", str(objs / f"{cu.stem}.o")], check=True
-            )
-            for cu in sources
-        ]
-        for job in jobs:
-            job.result()
-    subprocess.run(
-        [nvcc, "-shared", "-o", str(lib), *(str(objs / f"{cu.stem}.o") for cu in sources)], check=True
-    )
-
-
 def time_shapes() -> list[dict[str, object]]:
     """The goal shapes timed with the library of SPARKSEAL_KERNELS_LIB (run in a child process)."""
     import torch
@@ -221,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
             jobs = {
                 name: pool.submit(
-                    build,
+                    build_library,
                     src,
                     work / f"{name}.so",
                     args.nvcc,

@@ -5,6 +5,7 @@ racecheck)::
     python -m tests.gpu.sanitizer_driver --list             # the cases' names (no GPU needed)
     python -m tests.gpu.sanitizer_driver --all              # run every case
     python -m tests.gpu.sanitizer_driver --case NAME ...    # run the named cases
+    python -m tests.gpu.sanitizer_driver --case NAME --repeat 200   # each 200 times, bitwise equal
     python -m tests.gpu.sanitizer_driver --enumerate        # the planner's choices over a grid of shapes
 
 For each case it prints ``CASE {json}`` (the case and the plan the binding's ``plan()`` reports for it)
@@ -303,15 +304,26 @@ def check_results(case: SanCase, out: torch.Tensor, lse: torch.Tensor, host: dic
     return None
 
 
-def run_case(case: SanCase) -> str | None:
-    """Plan, print, run and check one case; what went wrong, or None."""
+def run_case(case: SanCase, repeat: int = 1) -> str | None:
+    """Plan, print, run and check one case; what went wrong, or None. With ``repeat`` > 1 the call is made
+    that many times (a stress for races): the first result is checked against the reference and every
+    later one must equal it bit for bit."""
     args, host = build_inputs(case)
     print("CASE " + json.dumps(describe(case, args), sort_keys=True), flush=True)
-    out, lse = sparse_mla.sparse_mla_decode(
-        **args, num_splits=case.splits, max_smem_bytes=case.max_smem, qk=case.qk
-    )
+    kwargs = {"num_splits": case.splits, "max_smem_bytes": case.max_smem, "qk": case.qk}
+    out, lse = sparse_mla.sparse_mla_decode(**args, **kwargs)
     torch.cuda.synchronize()
     problem = check_results(case, out.cpu(), lse.cpu(), host)
+    for call in range(2, repeat + 1):
+        if problem is not None:
+            break
+        again_out, again_lse = sparse_mla.sparse_mla_decode(**args, **kwargs)
+        if not torch.equal(again_out, out) or not torch.equal(again_lse, lse):
+            rows = (again_out != out).flatten(2).any(-1) | (again_lse != lse)
+            problem = (
+                f"call {call} of {repeat} differs bitwise from call 1 in {int(rows.sum())} of {rows.numel()} "
+                "(token, head) rows"
+            )
     if problem is None:
         print(f"DONE {case.name}", flush=True)
     return problem
@@ -327,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--all", action="store_true", help="run every case")
     which.add_argument("--case", nargs="+", metavar="NAME", help="run these cases")
     which.add_argument("--enumerate", action="store_true", help="print the planner's choices over a grid")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="call each case N times: the first checked against the reference, the rest bitwise against it",
+    )
     options = parser.parse_args(argv)
     if options.list:
         print("\n".join(case.name for case in CASES))
@@ -343,8 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"sanitizer_driver: unknown cases {unknown}; --list names them", file=sys.stderr)
         return 2
+    if options.repeat < 1:
+        print(f"sanitizer_driver: --repeat {options.repeat}: expected 1 or more", file=sys.stderr)
+        return 2
     for name in names:
-        problem = run_case(CASES_BY_NAME[name])
+        problem = run_case(CASES_BY_NAME[name], options.repeat)
         if problem is not None:
             print(f"FAILED {name}: {problem}", flush=True)
             return 1

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from sparkseal.runtime import _lib, sparse_mla
+from tests import kernel_variant
 from tests.gpu import sanitizer_driver as drv
 from tests.gpu import sanitizer_report as report
 
@@ -132,9 +133,12 @@ class Run:
         return f"{head}; stdout:\n{out}\n-- tool log:\n{log}"
 
 
-def _run(command: list[str], log: Path | None = None) -> Run:
-    """Run ``command`` in the repository root, in its own process group (killed whole on timeout)."""
+def _run(command: list[str], log: Path | None = None, library: Path | None = None) -> Run:
+    """Run ``command`` in the repository root, in its own process group (killed whole on timeout); with
+    ``library``, the kernel library it loads is that one."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if library is not None:
+        env[_lib.LIBRARY_ENV] = str(library)
     with subprocess.Popen(
         command,
         cwd=REPO,
@@ -161,9 +165,9 @@ def _sanitize(sanitizer: str, tool: str, options: list[str], program: list[str],
     return _run([sanitizer, "--tool", tool, "--log-file", str(log), *options, *program], log)
 
 
-def _driver_program(*cases: str) -> list[str]:
+def _driver_program(*cases: str, repeat: int = 1) -> list[str]:
     which = ["--case", *cases] if cases else ["--all"]
-    return [sys.executable, "-m", "tests.gpu.sanitizer_driver", *which]
+    return [sys.executable, "-m", "tests.gpu.sanitizer_driver", *which, "--repeat", str(repeat)]
 
 
 def _driver_records(run: Run) -> tuple[dict[str, dict[str, object]], set[str]]:
@@ -389,20 +393,41 @@ def test_racecheck_ws_hazards_pair_producer_writes_with_consumer_reads(
 # Determinism
 # ---------------------------------------------------------------------------------------------
 def test_ws_configurations_are_bitwise_deterministic(case_records: dict[str, dict[str, object]]) -> None:
-    ws = _ws_cases(case_records)
+    """The stress: each warp-specialised case STRESS_REPEATS times, the first call checked against the
+    reference, every later one bitwise against the first (the driver's ``--repeat``)."""
+    ws = [case.name for case, _ in _ws_cases(case_records)]
     assert ws, "no case runs the warp-specialised kernel"
-    for case, record in ws:
-        args, _ = drv.build_inputs(case)
-        kwargs = {"num_splits": case.splits, "max_smem_bytes": case.max_smem, "qk": case.qk}
-        first_out, first_lse = sparse_mla.sparse_mla_decode(**args, **kwargs)
-        # All repeats enqueued back to back, compared once at the end.
-        runs = [sparse_mla.sparse_mla_decode(**args, **kwargs) for _ in range(STRESS_REPEATS)]
-        outs = torch.stack([out for out, _ in runs]).view(torch.int16)
-        lses = torch.stack([lse for _, lse in runs]).view(torch.int32)
-        out_diff = (outs != first_out.view(torch.int16)).flatten(1).any(dim=1)
-        lse_diff = (lses != first_lse.view(torch.int32)).flatten(1).any(dim=1)
-        differing = int((out_diff | lse_diff).sum())
-        assert differing == 0, (
-            f"{case.name} ({record['key']}, {record['num_splits']} splits): {differing} of "
-            f"{STRESS_REPEATS} repeats differ bitwise from the first call"
-        )
+    run = _run(_driver_program(*ws, repeat=STRESS_REPEATS))
+    assert run.returncode == 0, run.tail()
+    _, done = _driver_records(run)
+    assert set(ws) <= done, f"the stress did not finish {sorted(set(ws) - done)}\n{run.tail()}"
+
+
+@pytest.fixture(scope="module")
+def early_release_library(kernels: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The library built with the warp-specialised kernel's consumers releasing a K tile before they read
+    it (:data:`tests.kernel_variant.EARLY_RELEASE`): a real producer-write / consumer-read race."""
+    nvcc = _cuda_tool("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found (PATH, /usr/local/cuda/bin)")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+    work = tmp_path_factory.mktemp("early-release")
+    src = kernel_variant.edited_copy(work / "csrc", kernel_variant.EARLY_RELEASE)
+    library = work / _lib.LIBRARY_NAME
+    kernel_variant.build_library(src, library, nvcc, arch)
+    return library
+
+
+def test_the_stress_catches_a_k_tile_released_before_it_is_read(
+    case_records: dict[str, dict[str, object]], early_release_library: Path
+) -> None:
+    """Racecheck cannot tell this race from the correct handover (both are a producer's write against a
+    consumer's read, docs/kernels.md); the stress must: the same command as the determinism test fails on
+    the broken library, naming a warp-specialised case."""
+    ws = [case.name for case, _ in _ws_cases(case_records)]
+    run = _run(_driver_program(*ws, repeat=STRESS_REPEATS), library=early_release_library)
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED ")]
+    assert run.returncode == 1 and failed, f"the stress passed a racy kernel\n{run.tail()}"
+    assert failed[0].split()[1].rstrip(":") in ws, run.tail()
+    print(failed[0])
