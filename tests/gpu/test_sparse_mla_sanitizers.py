@@ -11,8 +11,10 @@
   tool's view of ``bar.arrive``, not a race. The kernels' racecheck run must report hazards, if any, only
   of that kind: in the warp-specialised kernel only, shared-memory Write/Read pairs (RAW or WAR), each a
   producer thread's write against a consumer thread's read; none in any other kernel.
-- a determinism stress: every warp-specialised case called 1,000 times, out and lse bitwise equal to the
-  first call.
+- a stress: every warp-specialised case called 1,000 times (the driver's ``--repeat``), the first call
+  against the float32 reference, every later one bitwise against the first; and the same stress on a
+  test-only library with a real race of the handover's kind (:data:`tests.kernel_variant.EARLY_RELEASE`,
+  built with nvcc), which racecheck cannot tell from the correct handover, must fail.
 
 Skipped without a CUDA GPU, the kernel library, compute-sanitizer or (for the handover) nvcc.
 """
