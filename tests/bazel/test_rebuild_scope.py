@@ -3,7 +3,7 @@
 A fixture workspace holds the real rules and action programs, the fixture vLLM chain (unpack, patch,
 overlay, repack), an image layer over the patched tree, and the kernels wheel rule wired to a stand-in
 CUDA toolchain (it is analysed, never run: its real build needs the locked CUDA wheels, see
-tests/unit/test_kernels_build.py). After the layer writer is edited, the rebuild's execution log must hold
+tests/unit/test_kernels_wheel.py). After the layer writer is edited, the rebuild's execution log must hold
 the layer action and nothing else, and the kernels action must keep its key and inputs. After a patch is
 edited, of the fixture vLLM's two image layers only the one of our changed files runs again.
 """
