@@ -84,6 +84,16 @@ def send_cut_short(handler: BaseHTTPRequestHandler, body: bytes) -> None:
     handler.close_connection = True
 
 
+LOGIN = "ci-reader"
+"""The login of a private index (``basic_auth=(LOGIN, password)``); tests make the password."""
+
+
+def with_credentials(url: str, login: str, password: str) -> str:
+    """``url`` with ``login:password@`` before its host: how a private index's URL carries credentials."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{login}:{password}@{rest}"
+
+
 class FixtureIndex:
     """A threaded loopback HTTP server holding a few files and their project pages."""
 

@@ -1,23 +1,21 @@
-"""Index lookup, URL resolution and download, against a loopback PEP 691 index."""
+"""Index lookup against a loopback PEP 691 index, public or private (credentials in its URL or a netrc file).
+
+URL resolution for Bazel: test_resolve.py; downloads: test_download.py.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
+import secrets
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sparkseal.fetch import index as index_module
-from sparkseal.fetch import resolve
-from sparkseal.fetch.download import download
 from sparkseal.fetch.index import FetchError, index_url, list_files, lookup, project_name
-from tests.servers.fixture_index import FixtureIndex
+from tests.servers.fixture_index import LOGIN, FixtureIndex, with_credentials
 
-REPO = Path(__file__).resolve().parents[2]
 SDIST = "pkg-1.0.tar.gz"
 WHEEL = "pkg-1.0-py3-none-any.whl"
 FILES = {SDIST: b"sdist bytes\n", WHEEL: b"wheel bytes\n", "other-2.0.tar.gz": b"other\n"}
@@ -217,112 +215,42 @@ def test_parse_page_rejects_non_pep691_json() -> None:
         index_module._parse_page(b"[1, 2]", "http://x.invalid/p/")
 
 
-# --- resolve --------------------------------------------------------------------------------------
+# --- a private index -----------------------------------------------------------------------------
 
 
-def test_resolve_prints_the_url(capsys: pytest.CaptureFixture[str]) -> None:
-    with FixtureIndex(FILES) as idx:
-        sha = hashlib.sha256(FILES[SDIST]).hexdigest()
-        assert resolve.main(["--sha256", sha.upper(), "--index", idx.url, SDIST]) == 0
-        out, err = capsys.readouterr()
-        assert (out, err) == (idx.file_url(SDIST) + "\n", "")
+def test_index_without_credentials_names_the_index(no_netrc: None, password: str) -> None:
+    with FixtureIndex(FILES, basic_auth=(LOGIN, password)) as idx, pytest.raises(FetchError) as caught:
+        list_files("pkg", idx.url)
+    assert str(caught.value) == (
+        f"index answered HTTP 401 Unauthorized for {idx.url}/pkg/: the index needs credentials; give them "
+        "in the index URL (https://USER:PASSWORD@127.0.0.1/...) or in a netrc entry for 127.0.0.1 "
+        "(NETRC or ~/.netrc)"
+    )
 
 
-def test_resolve_hash_differs_from_lock(capsys: pytest.CaptureFixture[str]) -> None:
-    locked = "ab" * 32
-    with FixtureIndex(FILES) as idx:
-        assert resolve.main(["--sha256", locked, "--index", idx.url, SDIST]) == 1
-        out, err = capsys.readouterr()
-        actual = hashlib.sha256(FILES[SDIST]).hexdigest()
-        assert out == ""
-        assert err == (
-            f"sparkseal: {SDIST}: the index {idx.page_url('pkg')} lists sha256 {actual}, "
-            f"but the lock expects {locked}\n"
-        )
+def test_index_with_a_wrong_password_fails_without_printing_it(no_netrc: None, password: str) -> None:
+    wrong = "wrong-" + secrets.token_hex(8)
+    with FixtureIndex(FILES, basic_auth=(LOGIN, password)) as idx, pytest.raises(FetchError) as caught:
+        lookup(SDIST, with_credentials(idx.url, LOGIN, wrong))
+    message = str(caught.value)
+    assert message == (
+        f"{SDIST}: index answered HTTP 401 Unauthorized for http://***@{idx.url.split('://')[1]}/pkg/: "
+        "the credentials sent were refused (check the password for 127.0.0.1)"
+    )
+    assert wrong not in message and password not in message and LOGIN not in message
 
 
-def test_resolve_not_listed(capsys: pytest.CaptureFixture[str]) -> None:
-    with FixtureIndex(FILES, unlisted={WHEEL}) as idx:
-        assert resolve.main(["--sha256", "0" * 64, "--index", idx.url, WHEEL]) == 1
-        assert (
-            capsys.readouterr().err
-            == f"sparkseal: {WHEEL} is not listed by the index {idx.page_url('pkg')}\n"
-        )
-
-
-def test_resolve_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_url_with_credentials_and_a_port_is_not_a_crash(no_netrc: None) -> None:
     with FixtureIndex(FILES) as idx:
         url = idx.url
-    assert resolve.main(["--sha256", "0" * 64, "--index", url, SDIST]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"sparkseal: {SDIST}: index unreachable: {url}/pkg/: ")
-    assert err.count("\n") == 1
+    with pytest.raises(FetchError) as caught:
+        list_files("pkg", with_credentials(url, "user", "secret"))
+    message = str(caught.value)
+    assert message.startswith(f"index unreachable: http://***@{url.split('://')[1]}/pkg/: ")
+    assert "secret" not in message and "user" not in message
 
 
-def test_resolve_passes_a_file_the_index_lists_no_hash_for(capsys: pytest.CaptureFixture[str]) -> None:
-    with FixtureIndex(FILES, listed_sha256_override={SDIST: None}) as idx:
-        assert resolve.main(["--sha256", "0" * 64, "--index", idx.url, SDIST]) == 0
-        assert capsys.readouterr().out == idx.file_url(SDIST) + "\n"
-
-
-def test_resolve_rejects_a_malformed_sha256(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as caught:
-        resolve.main(["--sha256", "xyz", SDIST])
-    assert caught.value.code == 2
-    assert "argument --sha256: expected 64 hex digits, got 'xyz'" in capsys.readouterr().err
-
-
-def test_resolve_as_a_program_with_the_index_from_the_environment() -> None:
-    with FixtureIndex(FILES) as idx:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PIP_INDEX_URL": idx.url}
-        sha = hashlib.sha256(FILES[WHEEL]).hexdigest()
-        done = subprocess.run(
-            [sys.executable, "-m", "sparkseal.fetch.resolve", "--sha256", sha, WHEEL],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert (done.returncode, done.stdout, done.stderr) == (0, idx.file_url(WHEEL) + "\n", "")
-
-
-# --- download -------------------------------------------------------------------------------------
-
-
-def test_download_verifies_and_reuses(tmp_path: Path) -> None:
-    with FixtureIndex(FILES) as idx:
-        file = lookup(SDIST, idx.url)
-        path, sha, reused = download(file, tmp_path)
-        assert (path, sha, reused, path.read_bytes()) == (tmp_path / SDIST, file.sha256, False, FILES[SDIST])
-        assert download(file, tmp_path) == (path, sha, True)
-        assert idx.requests[f"/packages/{SDIST}"] == 1
-
-
-def test_download_replaces_a_stale_cached_file(tmp_path: Path) -> None:
-    (tmp_path / SDIST).write_bytes(b"stale")
-    with FixtureIndex(FILES) as idx:
-        path, _, reused = download(lookup(SDIST, idx.url), tmp_path)
-    assert (reused, path.read_bytes()) == (False, FILES[SDIST])
-
-
-def test_download_rejects_wrong_bytes(tmp_path: Path) -> None:
-    with FixtureIndex(FILES, served_bytes_override={SDIST: b"tampered"}) as idx:
-        file = lookup(SDIST, idx.url)
-        with pytest.raises(FetchError) as caught:
-            download(file, tmp_path)
-        actual = hashlib.sha256(b"tampered").hexdigest()
-        assert str(caught.value) == (
-            f"{SDIST}: downloaded from {file.url} has sha256 {actual}, "
-            f"but the index {idx.page_url('pkg')} lists {file.sha256}"
-        )
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_download_reports_http_errors(tmp_path: Path) -> None:
-    with FixtureIndex(FILES) as idx:
-        file = lookup(SDIST, idx.url)
-        missing = replace(file, url=idx.file_url("gone.tar.gz"), sha256=None)
-        with pytest.raises(FetchError) as caught:
-            download(missing, tmp_path)
-    assert str(caught.value) == f"{SDIST}: cannot download {missing.url}: HTTP Error 404: Not Found"
-    assert list(tmp_path.iterdir()) == []
+def test_a_port_that_is_not_a_number_is_a_clear_error(no_netrc: None) -> None:
+    with pytest.raises(FetchError) as caught:
+        list_files("pkg", "http://user:secret@index.internal:port/simple")
+    assert str(caught.value) == "index URL http://***@index.internal:port/simple: its port is not a number"
