@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.actions import vllm_patched_tree_patch as apply_patch_action
 from sparkseal.core.patchset import PatchError, apply_patch, parse_patch, read_series
 from tests.fixtures_vllm import git_diff, make_patch, write_tree
 
@@ -143,30 +142,6 @@ def test_adding_lines_after_a_context_line_without_newline(tmp_path: Path) -> No
     )
     apply_patch(tree, _patch(tmp_path, diff))
     assert (tree / "vllm/c.py").read_bytes() == b"x = 1\ny = 1\nz = 1\n"
-
-
-def test_apply_patch_action_copies_then_patches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    src = _tree(tmp_path)
-    (src / "vllm/data.txt").chmod(0o700)
-    out = tmp_path / "out"
-    out.mkdir()
-    patch = _patch(tmp_path, git_diff("vllm/b.py", B_PY, B_PY.replace("'b'", "'c'")))
-    assert apply_patch_action.main(["--src", str(src), "--patch", str(patch), "--out", str(out)]) == 0
-    assert (out / "vllm/b.py").read_text() == B_PY.replace("'b'", "'c'")
-    assert (src / "vllm/b.py").read_text() == B_PY
-    assert (out / "vllm/data.txt").stat().st_mode & 0o7777 == 0o755
-    assert (out / "vllm/a.py").stat().st_mode & 0o7777 == 0o644
-
-
-def test_apply_patch_action_reports_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    src = _tree(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
-    patch = _patch(tmp_path, git_diff("vllm/missing.py", "x = 1\n", "x = 2\n"))
-    assert apply_patch_action.main(["--src", str(src), "--patch", str(patch), "--out", str(out)]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("sparkseal: ")
-    assert f"{patch}: vllm/missing.py: the file to patch does not exist in the tree" in err
 
 
 # --- headers and structure ----------------------------------------------------------------------------
