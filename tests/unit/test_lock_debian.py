@@ -1,5 +1,8 @@
-"""The Debian lock writer (against a loopback apt repository) and the fetch's URLs (no apt at all), and,
-marked, the checked-in locks on the real archive."""
+"""The Debian lock writer (against a loopback apt repository), and, marked, the checked-in locks on the real
+archive.
+
+Where the fetch downloads the locked files from: test_debian_archive.py.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal.cli import main as cli_main
-from sparkseal.fetch.debian_archive import (
-    ARCHIVES_ENV,
-    ArchiveError,
-    archive_bases,
-    host_archives,
-    locked_urls,
-    parse_archives,
-)
-from sparkseal.fetch.debian_archive import main as archive_main
+from sparkseal.fetch.debian_archive import locked_urls
 from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, AptError, lock_debian, read_lock
 from tests.bazel_util import REPO
 from tests.fixtures_debian import AptRepo, make_deb, pool_path, sha256, write_lock
@@ -30,9 +25,8 @@ pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get
 ROOT_SET = ["app"]
 
 
-@pytest.fixture(scope="module")
-def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("debs")
+def make_debs(out: Path) -> dict[str, Path]:
+    """The fixture packages the lock tests resolve, written under ``out``."""
     return {
         # app needs (liba or libb), the virtual package "virt", and pre (as a Pre-Depends).
         "app": make_deb(
@@ -51,6 +45,11 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "pre": make_deb(out, "pre", "3.0", "arm64", {"usr/lib/pre": b"p"}),
         "unrelated": make_deb(out, "unrelated", "1.0", "arm64", {"usr/lib/u": b"u"}),
     }
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_debs(tmp_path_factory.mktemp("debs"))
 
 
 @pytest.fixture(scope="module")
@@ -182,101 +181,6 @@ def test_a_source_without_label_cannot_name_the_archive(
     assert "pre:arm64=3.0: expected the Release files under http://127.0.0.1:" in err
     assert "to carry one Label that names the archive" in err
     assert not (tmp_path / "lock.json").exists()
-
-
-def test_locked_urls_join_the_configured_base_to_the_locked_path(
-    repo: AptRepo, debs: dict[str, Path], tmp_path: Path
-) -> None:
-    lock = tmp_path / "lock.json"
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
-    # apt is never run: the machine's apt sources say nothing here, the variable names the archive.
-    no_sources = [tmp_path / "no-sources"]
-    urls = locked_urls(lock, ["liba", "prov"], {ARCHIVES_ENV: repo.archives}, no_sources)
-    assert urls == {
-        "liba": f"{repo.url}pool/main/liba/liba/liba_1.0-1_arm64.deb",
-        "prov": f"{repo.url}pool/main/p/prov/prov_1.0_all.deb",
-    }
-    for package, url in urls.items():
-        with urllib.request.urlopen(url) as response:
-            assert response.read() == debs[package].read_bytes()
-    assert sorted(locked_urls(lock, [], {ARCHIVES_ENV: repo.archives}, no_sources)) == [
-        "app",
-        "liba",
-        "pre",
-        "prov",
-    ]
-    with pytest.raises(ArchiveError, match="no locked package named nope"):
-        locked_urls(lock, ["nope"], {ARCHIVES_ENV: repo.archives}, no_sources)
-    with pytest.raises(ArchiveError) as info:
-        locked_urls(lock, [], {}, no_sources)
-    message = str(info.value)
-    assert "no base URL for the Debian archive 'debian'" in message
-    assert f"set {ARCHIVES_ENV}" in message
-
-
-def test_archive_bases_from_the_variable_the_apt_sources_and_siblings(tmp_path: Path) -> None:
-    assert parse_archives(" debian=http://m.example/debian/,debian-security=file:///srv/ds ") == {
-        "debian": "http://m.example/debian",
-        "debian-security": "file:///srv/ds",
-    }
-    with pytest.raises(ArchiveError) as info:
-        parse_archives("debian=https://user:s3cret@m.example/debian mirror")
-    assert "expected NAME=URL" in str(info.value) and "'mirror'" in str(info.value)
-    with pytest.raises(ArchiveError) as info:
-        parse_archives("debian=https://user:s3cret@m.example/debian debian=ftp://x")
-    assert "s3cret" not in str(info.value)
-
-    # The apt sources as text: a one-line file (options, comments, deb-src ignored) and a deb822 file
-    # (a disabled stanza ignored); the first source of a name wins.
-    sources = tmp_path / "sources.list"
-    sources.write_text(
-        "# comment\ndeb-src http://src.example/debian sid main\n"
-        "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian/ sid main\n"
-    )
-    parts = tmp_path / "sources.list.d"
-    parts.mkdir()
-    (parts / "a.sources").write_text(
-        "Types: deb\nURIs: http://off.example/debian-security\nSuites: x\nEnabled: no\n\n"
-        "Types: deb deb-src\nURIs: http://two.example/debian\n http://three.example/debian-security\n"
-        "Suites: bookworm-security\nComponents: main\n"
-    )
-    (parts / "ignored.txt").write_text("deb http://never.example/debian sid main\n")
-    paths = [sources, parts]
-    assert host_archives(paths) == {
-        "debian": "http://one.example/debian",
-        "debian-security": "http://three.example/debian-security",
-    }
-    # The variable wins over the sources for the archives it names.
-    env = {ARCHIVES_ENV: "debian=http://snap.example/archive/debian/20250520T000000Z"}
-    assert archive_bases(["debian", "debian-security"], env, paths) == {
-        "debian": "http://snap.example/archive/debian/20250520T000000Z",
-        "debian-security": "http://three.example/debian-security",
-    }
-    # A sid machine's sources name only .../debian: the security archive is its sibling.
-    sources.write_text("deb http://mirror.example/debian sid main\n")
-    assert archive_bases(["debian", "debian-security"], {}, [sources]) == {
-        "debian": "http://mirror.example/debian",
-        "debian-security": "http://mirror.example/debian-security",
-    }
-    # An Ubuntu machine's sources name no Debian archive: no guess from them, the variable is asked for.
-    sources.write_text("deb http://ports.example/ubuntu-ports noble main\n")
-    with pytest.raises(ArchiveError, match="no base URL for the Debian archive 'debian'"):
-        archive_bases(["debian", "debian-security"], {}, [sources])
-
-
-def test_urls_command_prints_tab_separated_urls_or_one_error(
-    repo: AptRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    lock = tmp_path / "lock.json"
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
-    capsys.readouterr()
-    monkeypatch.setenv(ARCHIVES_ENV, repo.archives)
-    assert archive_main(["urls", "--lock", str(lock), "pre"]) == 0
-    assert capsys.readouterr().out == f"pre\t{repo.url}pool/main/p/pre/pre_3.0_arm64.deb\n"
-    write_lock(lock, _format_1(json.loads(lock.read_text())))
-    assert archive_main(["urls", "--lock", str(lock)]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"sparkseal: {lock}: expected lock format 2") and err.count("\n") == 1
 
 
 def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
