@@ -1,11 +1,13 @@
-"""SLSA provenance: the statement the action writes, its determinism, and `sparkseal provenance check`."""
+"""SLSA provenance: the statement the action writes, its determinism, and the rules that run it.
+
+`sparkseal provenance check` on the statement: test_provenance_check.py.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import platform
-import shutil
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -373,172 +375,14 @@ def test_bad_toolchain_lock(build: Build, tmp_path: Path, capsys: pytest.Capture
     )
 
 
-# --- sparkseal provenance check ---
-
-
 def _check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`sparkseal provenance check ARGS`: exit status, stdout, stderr."""
     try:
         code = cli.main(["provenance", "check", *args])
     except SystemExit as exit_:
         code = int(exit_.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def test_check_passes_on_the_build(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _check(capsys, str(build.statement))
-    assert code == 0, out
-    lines = out.splitlines()
-    assert lines[-1] == "7 checks, 0 differ"  # 4 subjects + config and 2 layer blobs of the image
-    assert (
-        f"ok image_linux_aarch64 (oci-image) {(build.bin / 'image_linux_aarch64.digest').read_text()}"
-        in lines
-    )
-    assert f"ok sbom_linux_aarch64.spdx.json (sbom) sha256:{_sha(build.sbom.read_bytes())}" in lines
-
-
-def test_check_reports_a_changed_manifest(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    expected = _sha(build.manifest.read_bytes())
-    build.manifest.write_text(
-        json.dumps({"format": "sparkseal-module-manifest/1", "distributions": {"x": {}}})
-    )
-    actual = _sha(build.manifest.read_bytes())
-    code, out, _ = _check(capsys, str(build.statement))
-    assert code == 1
-    assert (
-        f"DIFFERS manifest_linux_aarch64.json (module-manifest) at {build.manifest}: "
-        f"expected sha256:{expected} from {build.statement}, actual sha256:{actual}"
-    ) in out.splitlines()
-    assert out.splitlines()[-1] == "7 checks, 1 differ"
-
-
-def test_check_reports_a_changed_pex_file(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    expected = tree_digest(build.pex)
-    (build.pex / ".deps" / "numpy.whl" / "numpy.py").write_text("x = 2\n")
-    code, out, _ = _check(capsys, "--json", str(build.statement))
-    assert code == 1
-    report = json.loads(out)
-    assert report["ok"] is False
-    [bad] = [check for check in report["checks"] if not check["ok"]]
-    assert bad == {
-        "subject": "pex_linux_aarch64.pex",
-        "kind": "pex",
-        "path": str(build.pex),
-        "expected": expected.removeprefix("sha256:"),
-        "actual": tree_digest(build.pex).removeprefix("sha256:"),
-        "ok": False,
-    }
-
-
-def test_check_reports_a_changed_layer_blob(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    manifest_digest = (build.bin / "image_linux_aarch64.digest").read_text()
-    manifest = json.loads(
-        (build.layout / "blobs" / "sha256" / manifest_digest.removeprefix("sha256:")).read_text()
-    )
-    layer = manifest["layers"][1]["digest"].removeprefix("sha256:")
-    blob = build.layout / "blobs" / "sha256" / layer
-    blob.write_bytes(b"tampered")
-    code, out, _ = _check(capsys, str(build.statement))
-    assert code == 1
-    assert (
-        f"DIFFERS image_linux_aarch64 layer 1 (oci-blob) at {blob}: expected sha256:{layer} "
-        f"from {build.statement}, actual sha256:{_sha(b'tampered')}"
-    ) in out.splitlines()
-    assert f"ok image_linux_aarch64 (oci-image) {manifest_digest}" in out.splitlines()
-
-
-def test_check_reports_another_image(
-    build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    other = tmp_path / "other-layout"
-    write_layout(other)
-    (other / "blobs" / "sha256" / "extra").write_bytes(b"")  # not named by the manifest: not checked
-    index = json.loads((other / "index.json").read_text())
-    index["manifests"][0]["annotations"] = {"org.opencontainers.image.ref.name": "other"}
-    (other / "index.json").write_text(json.dumps(index))
-    manifest = other / "blobs" / "sha256" / index["manifests"][0]["digest"].removeprefix("sha256:")
-    changed = json.loads(manifest.read_text()) | {"annotations": {"changed": "yes"}}
-    manifest.write_bytes(_canonical(changed))
-    expected = (build.bin / "image_linux_aarch64.digest").read_text()
-    code, out, _ = _check(capsys, str(build.statement), str(other))
-    assert code == 1
-    assert (
-        f"DIFFERS image_linux_aarch64 (oci-image) at {other}: expected {expected} "
-        f"from {build.statement}, actual sha256:{_sha(_canonical(changed))}"
-    ) in out.splitlines()
-
-
-def test_check_uses_artifacts_given_by_kind(
-    build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    copies = tmp_path / "copies"
-    copies.mkdir()
-    shutil.copyfile(build.sbom, copies / "image-sbom.json")
-    shutil.copytree(build.pex, copies / "app")
-    build.sbom.unlink()
-    shutil.rmtree(build.pex)
-    code, out, _ = _check(capsys, str(build.statement), str(copies / "app"), str(copies / "image-sbom.json"))
-    assert code == 0, out
-    assert out.splitlines()[-1] == "7 checks, 0 differ"
-
-
-def test_check_root_option(build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    moved = tmp_path / "elsewhere.json"
-    shutil.move(build.statement, moved)
-    code, out, _ = _check(capsys, "--root", str(build.bin), str(moved))
-    assert code == 0, out
-    code, _, err = _check(capsys, str(moved))
-    assert code == 2
-    assert (
-        f"{tmp_path / 'image_linux_aarch64'}: expected the OCI layout of image_linux_aarch64, "
-        "found no index.json" in err
-    )
-
-
-def test_check_missing_artifact_is_a_usage_error(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    shutil.rmtree(build.pex)
-    code, out, err = _check(capsys, str(build.statement))
-    assert (code, out) == (2, "")
-    assert f"error: {build.pex}: expected the PEX directory of pex_linux_aarch64.pex, found none" in err
-    build.sbom.unlink()
-    code, _, err = _check(capsys, str(build.statement), str(build.sbom))
-    assert code == 2
-    assert f"error: {build.sbom}: expected an artifact, found no file or directory" in err
-
-
-def test_check_refuses_what_is_not_a_statement(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _check(capsys, str(build.sbom))
-    assert code == 2
-    assert (
-        f"error: {build.sbom}: expected _type https://in-toto.io/Statement/v1 and predicateType "
-        "https://slsa.dev/provenance/v1, found None and None"
-    ) in err
-    statement = _statement(build)
-    statement["subject"][0]["annotations"]["kind"] = "tarball"
-    build.statement.write_text(json.dumps(statement))
-    code, _, err = _check(capsys, str(build.statement))
-    assert code == 2
-    assert "subject[0]: expected name, digest.sha256 and annotations.kind in oci-image, pex, " in err
-    assert "kind='tarball'" in err
-
-
-def test_check_refuses_an_artifact_of_no_known_kind(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
-    stray = build.inputs.patches[0][1]
-    code, _, err = _check(capsys, str(build.statement), str(stray))
-    assert code == 2
-    assert (
-        f"error: {stray}: expected an OCI layout directory, a PEX directory, a module manifest or an SPDX "
-        "document, found none of these"
-    ) in err
-
-
-def test_check_help_documents_the_lookup(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _check(capsys, "--help")
-    assert code == 0
-    text = " ".join(out.split())
-    assert "PROVENANCE [ARTIFACT ...]" in text
-    assert "default: PROVENANCE's directory, i.e. bazel-bin" in text
-    assert "(exit 1)" in text and "(exit 2)" in text
 
 
 # --- the rules, on a fixture workspace ---
