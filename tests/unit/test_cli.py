@@ -1,13 +1,19 @@
-"""The `sparkseal` command offers the commands whose package is installed (the image ships core + runtime)."""
+"""The `sparkseal` command: it offers the commands whose package is installed (the image ships core +
+runtime), and helps as a program."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from sparkseal import cli
 
+REPO = Path(__file__).resolve().parents[2]
 IMAGE_PACKAGES = {"sparkseal.core", "sparkseal.runtime"}
 
 
@@ -35,3 +41,13 @@ def test_an_image_installation_offers_its_own_commands_only(monkeypatch: pytest.
     with pytest.raises(SystemExit) as error:
         cli.main(["verify", "--help"])
     assert error.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["lock", "--help"], ["lock", "vllm", "--help"]])
+def test_help_as_a_program(argv: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkseal", *argv], env=env, capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(f"usage: sparkseal {' '.join(argv[:-1])}".rstrip() + " [-h]")

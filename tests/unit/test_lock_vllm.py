@@ -5,16 +5,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from sparkseal import cli
-from sparkseal.core import files
 from tests.servers.fixture_index import FixtureIndex
 
 REPO = Path(__file__).resolve().parents[2]
@@ -319,29 +315,3 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[str], messa
         cli.main(["lock", "vllm", *argv])
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
-
-
-def test_write_atomically_leaves_the_old_file_on_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lock = tmp_path / "vllm.lock.json"
-    lock.write_text("old\n")
-
-    def fail(*_: object) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(files.os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
-        files.write_atomically(lock, "new\n")
-    assert [p.name for p in tmp_path.iterdir()] == ["vllm.lock.json"]
-    assert lock.read_text() == "old\n"
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["lock", "--help"], ["lock", "vllm", "--help"]])
-def test_help_as_a_program(argv: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "sparkseal", *argv], env=env, capture_output=True, text=True, check=False
-    )
-    assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout.startswith(f"usage: sparkseal {' '.join(argv[:-1])}".rstrip() + " [-h]")
