@@ -13,7 +13,6 @@ import pytest
 from sparkseal import cli
 from tests.servers.fixture_index import FixtureIndex
 
-REPO = Path(__file__).resolve().parents[2]
 VERSION = "9.9.9"
 SHORT_COMMIT = "1234abcde"
 FULL_COMMIT = SHORT_COMMIT + "f" * 31

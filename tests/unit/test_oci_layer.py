@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from sparkseal.actions import oci_layer as layer
-from sparkseal.core import tar
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
 from tests.bazel_util import REPO
 
@@ -242,14 +241,6 @@ def test_long_and_non_ascii_paths_get_a_pax_header_with_only_the_path(tmp_path: 
     if shutil.which("tar"):
         listed = subprocess.run(["tar", "-tf", str(tar)], capture_output=True, text=True, check=True).stdout
         assert f"{long_dir}/{long_file}\n" in listed and "ünï.txt\n" in listed
-
-
-def test_a_size_over_the_ustar_field_goes_to_pax() -> None:
-    size = 9 * 2**30
-    header = tar._header(b"big.bin", b"0", 0o644, size)
-    assert len(header) == 3 * 512  # pax header, its records, the ustar header
-    assert b"size=%d\n" % size in header[512:1024]
-    assert header[1024 + 124 : 1024 + 136] == b"00000000000\0"
 
 
 def test_hardlinked_sources_become_separate_regular_files(tmp_path: Path) -> None:
