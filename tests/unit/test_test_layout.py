@@ -27,7 +27,9 @@ WHOLE_REPOSITORY = {
     "test_dspark_binding": "runtime/dspark.py; to be renamed with runtime's split",
     "test_cross_rank": "runtime/plugin.py and live_check.py across ranks; to be renamed with runtime's split",
     "test_verify_modules": "runtime/verify.py; to be renamed with runtime's split",
-    "test_sparse_mla_sanitizer_driver": "tests/gpu/sanitizer_driver.py; to be renamed with runtime's split",
+    "test_sparse_mla_sanitizer_driver": (
+        "tests/gpu/sanitizer_driver.py on runtime's sparse-MLA kernel; to be renamed with runtime's split"
+    ),
 }
 
 
