@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV ?= $(HOME)/.cache/sparkseal/venv
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-build tools image wheel test lint gpu-test fresh-host-image fresh-host-test
+.PHONY: setup setup-build tools image wheel test lint deps gpu-test fresh-host-image fresh-host-test
 
 setup:
 	@.ci/setup
@@ -26,6 +26,11 @@ wheel: setup-build
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Rewrite the Bazel dependency lists (ACTION_DEPS, CORE_DEPS, HELPER_SOURCES) from the imports; standard
+# library only, so it needs no set-up. Run it after adding, moving or changing the imports of a module.
+deps:
+	python3 -m sparkseal.devtools.deps
 
 test: setup
 	$(VENV)/bin/python -m pytest -m "not gpu" $(PYTEST_ARGS)
