@@ -47,6 +47,8 @@ ATTR_TYPES = {
     "string_list": ("List of strings", "[]"),
     "string_list_dict": ("Dictionary: String -> List of strings", "{}"),
 }
+# Arguments every rule takes, whose meaning Bazel defines: a macro's doc need not explain them.
+COMMON_ARGUMENTS = {"name", "visibility", "tags", "testonly"}
 # Providers every rule may return that Bazel itself defines: named, never documented here.
 BUILTIN_PROVIDERS = {"DefaultInfo", "OutputGroupInfo", "RunEnvironmentInfo", "platform_common.ToolchainInfo"}
 
@@ -85,6 +87,8 @@ class Macro:
     signature: str
     doc: str
     wraps: Rule | None
+    params: list[str] = field(default_factory=list)  # its arguments, **kwargs left out
+    arguments: list[tuple[str, str]] = field(default_factory=list)  # the doc string's `Args:` section
 
 
 @dataclass
@@ -407,13 +411,31 @@ class Reader:
                 if isinstance(value, ast.Call) and _called(value) == "rule":
                     wraps = self.rule(name, home, value)
                     break
+        doc, documented = _split_args(inspect.cleandoc(ast.get_docstring(function) or ""))
         return Macro(
             name,
             module.path,
             f"{name}({', '.join(params)})",
-            inspect.cleandoc(ast.get_docstring(function) or ""),
+            doc,
             wraps,
+            [a.arg for a in arguments.args],
+            documented,
         )
+
+
+def _split_args(doc: str) -> tuple[str, list[tuple[str, str]]]:
+    """A macro's doc string without its ``Args:`` section, and that section as (argument, description)."""
+    head, found, tail = doc.partition("\nArgs:\n")
+    if not found:
+        return doc, []
+    arguments: list[tuple[str, str]] = []
+    for line in tail.splitlines():
+        entry = re.match(r"\s{0,4}(\w+): (.*)", line)
+        if entry:
+            arguments.append((entry.group(1), entry.group(2).strip()))
+        elif arguments and line.strip():
+            arguments[-1] = (arguments[-1][0], f"{arguments[-1][1]} {line.strip()}")
+    return head.rstrip(), arguments
 
 
 def read(root: Path) -> Reference:
@@ -467,7 +489,15 @@ def undocumented(reference: Reference) -> list[str]:
         missing += [
             f"{rule.path}: {rule.name}: attribute {a.name} has no doc" for a in rule.attrs if not a.doc
         ]
-    missing += [f"{m.path}: macro {m.name} has no doc string" for m in reference.macros if not m.doc]
+    for macro in reference.macros:
+        if not macro.doc:
+            missing.append(f"{macro.path}: macro {macro.name} has no doc string")
+        covered = {a.name for a in macro.wraps.attrs} if macro.wraps else set()
+        missing += [
+            f"{macro.path}: macro {macro.name}: argument {p} is not in its doc string's Args: section"
+            for p in macro.params
+            if p not in covered | COMMON_ARGUMENTS | {name for name, _ in macro.arguments}
+        ]
     for provider in reference.providers:
         if not provider.doc:
             missing.append(f"{provider.path}: provider {provider.name} has no doc")
@@ -553,6 +583,10 @@ def render(reference: Reference) -> str:
     for macro in reference.macros:
         lines += [f"### {macro.name}", "", "```starlark", macro.signature, "```", ""]
         lines += [f"Macro in `{macro.path}`.", "", macro.doc, ""]
+        if macro.arguments:
+            lines += ["| Argument | Description |", "|---|---|"]
+            lines += [f"| `{name}` | {_cell(text)} |" for name, text in macro.arguments]
+            lines.append("")
         if macro.wraps:
             lines += ["The attributes of the rule it declares:", ""]
             lines += _attributes(macro.wraps)

@@ -202,3 +202,26 @@ def test_a_missing_loaded_file_is_named(tmp_path: Path, capsys: pytest.CaptureFi
         == f"make rules-doc: rules/private/other.bzl: loaded but not found under {root}\n"
     )
     assert not (root / "docs/rules.md").exists()
+
+
+def test_a_macro_argument_its_doc_string_does_not_explain_is_named(tmp_path: Path) -> None:
+    macro = THING.replace(
+        "def thing(name, visibility = None, **kwargs):", "def thing(name, size, visibility = None, **kwargs):"
+    ).replace('"url": attr.string()', '"url": attr.string(doc = "Where.")')
+    root = _fixture(tmp_path, macro)
+    (root / "rules/private/other.bzl").write_text('ENVIRON = ["PIP_INDEX_URL"]\n')
+    assert rules_doc.undocumented(rules_doc.read(root)) == [
+        "rules/private/thing.bzl: macro thing: argument size is not in its doc string's Args: section"
+    ]
+    args = "\n\n        Args:\n          size: how big,\n            in bytes.\n        "
+    documented = macro.replace(
+        '"""A thing `name` and `name.check`."""', f'"""A thing `name` and `name.check`.{args}"""'
+    )
+    (root / "rules/private/thing.bzl").write_text(textwrap.dedent(documented))
+    reference = rules_doc.read(root)
+    assert reference.macros[0].doc == "A thing `name` and `name.check`."
+    assert reference.macros[0].arguments == [("size", "how big, in bytes.")]
+    assert rules_doc.undocumented(reference) == []
+    assert "| Argument | Description |\n|---|---|\n| `size` | how big, in bytes. |\n" in rules_doc.render(
+        reference
+    )
