@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV ?= $(HOME)/.cache/sparkseal/venv
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-build tools image wheel test lint gpu-test fresh-host-image fresh-host-test
+.PHONY: setup setup-build tools image wheel test lint deps rules-doc gpu-test fresh-host-image fresh-host-test
 
 setup:
 	@.ci/setup
@@ -26,6 +26,16 @@ wheel: setup-build
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Rewrite the Bazel dependency lists (ACTION_DEPS, CORE_DEPS, HELPER_SOURCES) from the imports; standard
+# library only, so it needs no set-up. Run it after adding, moving or changing the imports of a module.
+deps:
+	python3 -m sparkseal.devtools.deps
+
+# Rewrite docs/rules.md, the rule reference, from the doc strings of what rules/defs.bzl exports (standard
+# library only). Run it after changing a rule, an attribute, a provider or their docs.
+rules-doc:
+	python3 -m sparkseal.devtools.rules_doc
 
 test: setup
 	$(VENV)/bin/python -m pytest -m "not gpu" $(PYTEST_ARGS)

@@ -126,7 +126,7 @@ cuda_toolkit = repository_rule(
     implementation = _cuda_toolkit_impl,
     doc = "Assembles a CUDA toolkit root, cmake, ninja and scikit-build-core from the locked wheels.",
     attrs = {
-        "lock": attr.label(mandatory = True, allow_single_file = [".json"]),
+        "lock": attr.label(mandatory = True, allow_single_file = [".json"], doc = "The CUDA toolchain lock."),
         "host": attr.string(
             values = [""] + sorted(HOST_PLATFORMS.values()),
             doc = "The lock platform whose host tools to unpack; empty (the default): this build host's. " +

@@ -174,7 +174,13 @@ def _debian_packages_impl(rctx):
 debian_packages = repository_rule(
     implementation = _debian_packages_impl,
     doc = "Fetches every .deb of a Debian lock (bookworm_<arch>.lock.json), verified by sha256.",
-    attrs = {"lock": attr.label(mandatory = True, allow_single_file = [".json"])},
+    attrs = {
+        "lock": attr.label(
+            mandatory = True,
+            allow_single_file = [".json"],
+            doc = "The Debian lock (`sparkseal lock debian`): the .debs fetched, each checked by sha256.",
+        ),
+    },
     environ = DEBIAN_ENVIRON,
 )
 

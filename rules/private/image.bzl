@@ -67,6 +67,16 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
     base, torch, deps, vllm, vllm_patched, sparkseal and app, and `image_<platform>` with
     `image_<platform>.load` and `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
     tree is an output (bench/results/image.md, "Disk", has what that saves).
+
+    Args:
+      platform: `linux_aarch64` or `linux_x86_64`; every target name ends with it.
+      wheels_by_layer: platform -> wheel layer (`torch`, `deps`) -> wheel labels: the python_lock hub's
+        `WHEELS_BY_LAYER` (`@python_deps//:requirements.bzl`).
+      vllm: the vLLM lock's `VLLM` (`@vllm_lock//:lock.bzl`): version, commit and upstream wheels.
+      patches: the patch series in order, `PATCHES` of `@vllm_patches//:series.bzl` (recorded in the SBOM).
+      debian_lock: the Debian lock of the platform's base layer (recorded in the SBOM).
+      scan_allow: the allow-list of every layer's secret scan.
+      visibility: the visibility of every target.
     """
     venv_layers = _venv_layers(platform, wheels_by_layer, vllm)
     module_manifest(

@@ -79,12 +79,12 @@ _oci_image = rule(
         "layers": attr.label_list(mandatory = True, providers = [OciLayerInfo], doc = "Bottom first."),
         "platform": attr.string(mandatory = True, doc = "linux_aarch64 or linux_x86_64."),
         "tag": attr.string(doc = "REPOSITORY:TAG; default sparkseal/NAME:latest."),
-        "entrypoint": attr.string_list(),
-        "cmd": attr.string_list(),
-        "env": attr.string_dict(),
-        "labels": attr.string_dict(),
-        "workdir": attr.string(),
-        "user": attr.string(),
+        "entrypoint": attr.string_list(doc = "The image config's Entrypoint: the command a container runs."),
+        "cmd": attr.string_list(doc = "The image config's Cmd: default arguments after the entrypoint."),
+        "env": attr.string_dict(doc = "Environment variable -> value, in the image config's Env."),
+        "labels": attr.string_dict(doc = "The image config's Labels (e.g. org.opencontainers.image.*)."),
+        "workdir": attr.string(doc = "The image config's WorkingDir; unset: the engine's default (/)."),
+        "user": attr.string(doc = "The image config's User (NAME, UID or UID:GID); unset: root."),
         "_tool": tool("//sparkseal/actions:oci_image"),
     },
 )
@@ -157,7 +157,7 @@ oci_load = rule(
           "or with `-- --output FILE` into a file.",
     executable = True,
     attrs = {
-        "image": attr.label(mandatory = True, providers = [OciImageInfo]),
+        "image": attr.label(mandatory = True, providers = [OciImageInfo], doc = "The oci_image to load."),
         "_loader": attr.label(default = Label("//sparkseal/actions:oci_load"), executable = True, cfg = "target"),
         "_zstd_module": attr.label(default = Label("//rules:zstd_module")),
     },
@@ -207,7 +207,11 @@ oci_push = rule(
           "uploading only the blobs the registry lacks.",
     executable = True,
     attrs = {
-        "image": attr.label(mandatory = True, providers = [[OciImageInfo], [OciImageIndexInfo]]),
+        "image": attr.label(
+            mandatory = True,
+            providers = [[OciImageInfo], [OciImageIndexInfo]],
+            doc = "The oci_image or oci_image_index to push (an index pushes its images first).",
+        ),
         "_pusher": attr.label(default = Label("//sparkseal/actions:oci_push"), executable = True, cfg = "target"),
     },
 )

@@ -27,5 +27,11 @@ def _patch_series_impl(rctx):
 patch_series = repository_rule(
     implementation = _patch_series_impl,
     doc = "Reads a `series` file and generates `series.bzl` with the ordered patch labels.",
-    attrs = {"series": attr.label(mandatory = True, allow_single_file = True)},
+    attrs = {
+        "series": attr.label(
+            mandatory = True,
+            allow_single_file = True,
+            doc = "The quilt `series` file; the patches it names sit beside it, in its package.",
+        ),
+    },
 )

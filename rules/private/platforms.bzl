@@ -4,6 +4,7 @@ Names are wheel-tag style everywhere (`linux_aarch64`, `linux_x86_64`); a test k
 the Python one, which also maps each name to its OCI platform and manylinux machine.
 """
 
+# Every platform a rule builds for (wheel-tag names); the `platform` attributes take one of these.
 PLATFORMS = ["linux_aarch64", "linux_x86_64"]
 
 # `uname -m` of a build host -> the platform of the locked host tools it runs (the scanner, nvcc, zstd).

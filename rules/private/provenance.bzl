@@ -107,14 +107,18 @@ def _provenance_impl(ctx):
     )
     return [DefaultInfo(files = depset([out]))]
 
-_LOCK = attr.label(mandatory = True, allow_single_file = [".json"])
+_LOCK = attr.label(
+    mandatory = True,
+    allow_single_file = [".json"],
+    doc = "The lock the attribute names (JSON): what the document records of that part is read from it.",
+)
 
 provenance = rule(
     implementation = _provenance_impl,
     doc = "Writes `name.intoto.json`: the SLSA v1 provenance (in-toto Statement v1) of one platform's image, " +
           "PEX, module manifest and SBOM.",
     attrs = {
-        "platform": attr.string(mandatory = True, values = PLATFORMS),
+        "platform": attr.string(mandatory = True, values = PLATFORMS, doc = "The platform of the image described."),
         "image": attr.label(mandatory = True, providers = [OciImageInfo], doc = "oci_image target."),
         "pex": attr.label(mandatory = True, providers = [SparksealPexInfo], doc = "sparkseal_pex target."),
         "manifest": attr.label(mandatory = True, allow_single_file = [".json"], doc = "module_manifest target."),
@@ -176,7 +180,7 @@ sbom = rule(
     implementation = _sbom_impl,
     doc = "Writes `name.spdx.json`: the SPDX 2.3 SBOM of one platform's image.",
     attrs = {
-        "platform": attr.string(mandatory = True, values = PLATFORMS),
+        "platform": attr.string(mandatory = True, values = PLATFORMS, doc = "The platform of the image described."),
         "document_name": attr.string(doc = "The SPDX document name; default: the target name."),
         "vllm_lock": _LOCK,
         "python_lock": _LOCK,

@@ -23,7 +23,7 @@ def _pypi_file_impl(rctx):
 pypi_file = repository_rule(
     implementation = _pypi_file_impl,
     doc = "Fetches `filename` from the configured pip index (PEP 691), verified by `sha256`. " +
-          "Exposes `@<name>//file` and `@<name>//file:<filename>`.",
+          "Exposes `@NAME//file` and `@NAME//file:FILENAME`.",
     attrs = {
         "filename": attr.string(mandatory = True, doc = "Exact file name as the index lists it."),
         "sha256": attr.string(mandatory = True, doc = "Locked sha256 of the file."),

@@ -174,7 +174,11 @@ locked_toolchain = repository_rule(
     doc = "Unpacks a locked interpreter (kind `python`) or C/C++ toolchain (kind `cc`) from .debs.",
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = [".json"], doc = "the toolchain's Debian lock"),
-        "kind": attr.string(mandatory = True, values = ["python", "cc"]),
+        "kind": attr.string(
+            mandatory = True,
+            values = ["python", "cc"],
+            doc = "`python`: the interpreter actions run on; `cc`: the kernels wheel's C/C++ compilers",
+        ),
         "platform": attr.string(
             values = PLATFORMS + [""],
             doc = "the platform the toolchain runs on; empty: this build host's (the lock must match)",
@@ -193,10 +197,19 @@ def _sparkseal_cc_toolchain_impl(ctx):
 
 sparkseal_cc_toolchain = rule(
     implementation = _sparkseal_cc_toolchain_impl,
-    doc = "A locked C/C++ toolchain (a `locked_toolchain` of kind `cc`) for `//third_party/toolchains:cc`.",
+    doc = "A locked C/C++ toolchain (a `locked_toolchain` of kind `cc`), for the toolchains of " +
+          "`third_party/toolchains/BUILD`.",
     attrs = {
-        "files": attr.label(mandatory = True, allow_files = True),
-        "description": attr.label(mandatory = True, allow_single_file = [".json"]),
+        "files": attr.label(
+            mandatory = True,
+            allow_files = True,
+            doc = "Every file of the toolchain (compilers, binutils, sysroot): inputs of the kernels action.",
+        ),
+        "description": attr.label(
+            mandatory = True,
+            allow_single_file = [".json"],
+            doc = "The toolchain.json its locked_toolchain writes: where each tool is, per target platform.",
+        ),
     },
 )
 
@@ -209,7 +222,15 @@ sparkseal_toolchain_locks = rule(
     implementation = _sparkseal_toolchain_locks_impl,
     doc = "The locks of one execution platform's toolchains, for `//third_party/toolchains:locks_*`.",
     attrs = {
-        "interpreter": attr.label(mandatory = True, allow_single_file = [".json"]),
-        "compiler": attr.label(mandatory = True, allow_single_file = [".json"]),
+        "interpreter": attr.label(
+            mandatory = True,
+            allow_single_file = [".json"],
+            doc = "The Debian lock of the interpreter every action runs on.",
+        ),
+        "compiler": attr.label(
+            mandatory = True,
+            allow_single_file = [".json"],
+            doc = "The Debian lock of the kernels action's compilers.",
+        ),
     },
 )

@@ -92,5 +92,5 @@ def _vllm_lock_impl(rctx):
 vllm_lock = repository_rule(
     implementation = _vllm_lock_impl,
     doc = "Generates `repositories.bzl` and `lock.bzl` from a vLLM lock JSON file.",
-    attrs = {"lock": attr.label(mandatory = True, allow_single_file = [".json"])},
+    attrs = {"lock": attr.label(mandatory = True, allow_single_file = [".json"], doc = "The vLLM lock file.")},
 )

@@ -29,9 +29,12 @@ vllm_source_tree = rule(
     implementation = _vllm_source_tree_impl,
     doc = "The `vllm/` package of the locked sdist as a tree artifact, after checking its commit id.",
     attrs = {
-        "sdist": attr.label(mandatory = True, allow_single_file = [".tar.gz"]),
-        "version": attr.string(mandatory = True),
-        "commit": attr.string(mandatory = True),
+        "sdist": attr.label(mandatory = True, allow_single_file = [".tar.gz"], doc = "The locked vLLM sdist."),
+        "version": attr.string(mandatory = True, doc = "The locked vLLM version: the sdist's top folder is vllm-VERSION."),
+        "commit": attr.string(
+            mandatory = True,
+            doc = "The locked commit id (full or abbreviated): the sdist's version file must name it.",
+        ),
         "_tool": tool("//sparkseal/actions:vllm_source_tree"),
     },
 )
@@ -88,7 +91,11 @@ vllm_patched_tree = rule(
         "src": attr.label(mandatory = True, allow_single_file = True, doc = "A vllm_source_tree."),
         "patches": attr.label_list(allow_files = [".patch"], doc = "The series, in order."),
         "overlay": attr.label_list(allow_files = True, doc = "Downstream files, beside the manifest."),
-        "overlay_manifest": attr.label(mandatory = True, allow_single_file = [".json"]),
+        "overlay_manifest": attr.label(
+            mandatory = True,
+            allow_single_file = [".json"],
+            doc = "The overlay's manifest; `overlay` paths are relative to its directory.",
+        ),
         "_patch_tool": tool("//sparkseal/actions:vllm_patched_tree_patch"),
         "_overlay_tool": tool("//sparkseal/actions:vllm_patched_tree_overlay"),
     },

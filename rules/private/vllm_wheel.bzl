@@ -39,12 +39,16 @@ vllm_wheel = rule(
           "`report` (what differs between sdist and wheel), `split` (the members that differ from the " +
           "upstream wheel, for the image's two vLLM layers).",
     attrs = {
-        "upstream": attr.label(mandatory = True, allow_single_file = [".whl"]),
+        "upstream": attr.label(
+            mandatory = True,
+            allow_single_file = [".whl"],
+            doc = "The upstream wheel of the locked release: its compiled files are kept.",
+        ),
         "filename": attr.string(mandatory = True, doc = "Output wheel file name (the upstream one)."),
-        "pristine": attr.label(mandatory = True, allow_single_file = True),
-        "patched": attr.label(mandatory = True, allow_single_file = True),
-        "commit": attr.string(mandatory = True),
-        "patches": attr.label_list(allow_files = [".patch"]),
+        "pristine": attr.label(mandatory = True, allow_single_file = True, doc = "The vllm_source_tree (unpatched)."),
+        "patched": attr.label(mandatory = True, allow_single_file = True, doc = "The vllm_patched_tree."),
+        "commit": attr.string(mandatory = True, doc = "The locked commit id: the upstream wheel's version file must name it."),
+        "patches": attr.label_list(allow_files = [".patch"], doc = "The patch series, in order, named in the report."),
         "_tool": tool("//sparkseal/actions:vllm_wheel"),
     },
 )

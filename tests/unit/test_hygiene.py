@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkseal.devtools import deps
+from sparkseal.devtools.deps import our_imports
 from tests.bazel_util import BAZEL, REPO, Workspace, base_env
 
 RUFF = Path(sys.executable).parent / "ruff"
@@ -159,6 +161,8 @@ ALLOWED_IMPORTS = {
     "audit": {"core", "audit"},
     "runtime": {"core", "runtime"},
     "cli": {"core", "actions", "fetch", "audit", "runtime", "cli"},
+    # tools for working on the repository (generated tables and pages): they read files, import nothing
+    "devtools": {"devtools"},
 }
 
 
@@ -167,26 +171,12 @@ def _part(rel: Path) -> str:
     return rel.parts[1] if len(rel.parts) > 2 else "cli"
 
 
-def _our_imports(source: str) -> list[tuple[int, str]]:
-    """(line, module) of every import of a ``sparkseal`` module, function-level imports included."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from sparkseal.core import tar` imports the module sparkseal.core.tar
-            package = node.module.count(".") < 2
-            names = [f"{node.module}.{a.name}" for a in node.names] if package else [node.module]
-            found += [(node.lineno, name) for name in names if name.split(".")[0] == "sparkseal"]
-        elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "sparkseal"]
-    return found
-
-
 def import_violations(modules: dict[Path, str]) -> list[str]:
     """Every import against the direction in ``modules`` (repository path -> source), one line each."""
     violations = []
     for rel, source in sorted(modules.items()):
         part = _part(rel)
-        for line, name in _our_imports(source):
+        for line, name in our_imports(source):
             parts = name.split(".")
             target = parts[1] if len(parts) > 1 else "__init__"
             if target in {"__init__", "__version__"}:
@@ -250,7 +240,7 @@ def import_cycles(modules: dict[Path, str]) -> list[str]:
     names = {_module_name(rel): rel for rel in modules}
     edges: dict[str, dict[str, int]] = {name: {} for name in names}
     for name, rel in names.items():
-        for line, imported in _our_imports(modules[rel]):
+        for line, imported in our_imports(modules[rel]):
             if imported in names and names[imported].parent == rel.parent and imported != name:
                 edges[name].setdefault(imported, line)
             elif imported == name:
@@ -356,34 +346,9 @@ def test_the_cycle_check_names_a_planted_cycle() -> None:
     ]
 
 
-def _deps_table(build: str, name: str) -> dict[str, list[str]]:
-    text = (REPO / build).read_text()
-    table = re.search(rf"^{name} = (\{{.*?^\}})", text, re.MULTILINE | re.DOTALL)
-    assert table, f"{build}: expected a {name} = {{...}} table, found none"
-    return ast.literal_eval(table.group(1))
-
-
-def _core_imports(source: str) -> list[str]:
-    return sorted(
-        {name.split(".")[2] for _, name in _our_imports(source) if name.startswith("sparkseal.core.")}
-    )
-
-
-@pytest.mark.parametrize(
-    ("package", "build", "table"),
-    [("core", "sparkseal/core/BUILD", "CORE_DEPS"), ("actions", "sparkseal/actions/BUILD", "ACTION_DEPS")],
-)
-def test_bazel_deps_match_the_imports(package: str, build: str, table: str) -> None:
-    """Each module's Bazel inputs are the core modules it imports: no more (cache misses), no fewer."""
-    deps = _deps_table(build, table)
-    modules = sorted(p for p in (REPO / "sparkseal" / package).glob("*.py") if p.stem != "__init__")
-    assert sorted(deps) == [p.stem for p in modules], f"{build}: {table} lists other modules"
-    for module in modules:
-        imported = _core_imports(module.read_text())
-        assert imported == deps[module.stem], (
-            f"{build}: {table}[{module.stem!r}]: expected {imported} (the imports of {module.name}), "
-            f"found {deps[module.stem]}"
-        )
+def test_bazel_dependency_lists_are_generated_from_the_imports() -> None:
+    """ACTION_DEPS, CORE_DEPS and HELPER_SOURCES say what the imports say: `make deps` wrote them last."""
+    assert deps.stale(REPO) == []
 
 
 def test_starlark_platforms_are_the_python_ones() -> None:
@@ -415,48 +380,6 @@ def test_platform_names_are_written_in_one_place() -> None:
         and pattern.search(p.read_text())
     ]
     assert offenders == []
-
-
-def _module_file(name: str) -> Path | None:
-    for path in (REPO / (name.replace(".", "/") + ".py"), REPO / name.replace(".", "/") / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def _sources_of(module: str) -> list[str]:
-    """The files Python reads to run ``python3 -m module``: the module, what it imports, their packages."""
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        path = _module_file(name)
-        if name in seen or path is None:
-            continue
-        seen.add(name)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
-        for _, imported in _our_imports(path.read_text()):
-            todo.append(imported if _module_file(imported) else imported.rpartition(".")[0])
-    return sorted(str(_module_file(n).relative_to(REPO)) for n in seen)  # type: ignore[union-attr]
-
-
-def test_repository_rule_helpers_declare_every_source_they_run() -> None:
-    text = (REPO / "rules/private/helpers.bzl").read_text()
-    table = re.search(r"^HELPER_SOURCES = (\{.*?^\})", text, re.MULTILINE | re.DOTALL)
-    assert table, "rules/private/helpers.bzl: expected a HELPER_SOURCES = {...} table, found none"
-    declared = ast.literal_eval(table.group(1))
-    used = set(re.findall(r'run_python_helper\(\s*rctx,\s*"([\w.]+)"', _all_bzl()))
-    assert used and used <= set(declared), f"helpers run but not declared: {sorted(used - set(declared))}"
-    for module, sources in declared.items():
-        assert sources == _sources_of(module), (
-            f"rules/private/helpers.bzl: HELPER_SOURCES[{module!r}]: expected {_sources_of(module)}, "
-            f"found {sources}"
-        )
-
-
-def _all_bzl() -> str:
-    return "\n".join(p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl")))
 
 
 def test_no_label_is_printed_into_action_arguments() -> None:
