@@ -270,8 +270,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.core.catalogue import Catalogue, CatalogueError
-    from sparkseal.core.scan import ScanInputError, render, run_scan
+    from sparkseal.scan.catalogue import Catalogue, CatalogueError
+    from sparkseal.scan.scanner import ScanInputError, render, run_scan
 
     try:
         catalogue = Catalogue.find(args.scanner)
@@ -292,7 +292,8 @@ def _add_scan(commands: argparse._SubParsersAction) -> None:
         MAX_MEMBERS,
         MAX_SCAN_MEMBERS,
     )
-    from sparkseal.core.scan import DEFAULT_ALLOW, RULES
+    from sparkseal.core.secret_rules import RULES
+    from sparkseal.scan.scanner import DEFAULT_ALLOW
 
     scan = commands.add_parser(
         "scan",

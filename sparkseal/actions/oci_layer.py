@@ -37,7 +37,7 @@ part of a distribution installed as two layers: ``lower`` installs the upstream 
 leaves out the split's paths, their bytecode and the ``.dist-info``; ``upper`` installs our wheel and keeps
 only those. Each part's module manifest names its own files, and the two merge into that of our wheel.
 
-With ``--scanner`` the layer's files are scanned for secrets and private data (``sparkseal.core.scan``:
+With ``--scanner`` the layer's files are scanned for secrets and private data (``sparkseal.scan.scanner``:
 our rules and the locked Kingfisher catalogue's) before anything is written, where they lie: the
 installed wheels in the scratch directory, the inputs through their sandbox links (the catalogue reads
 hard links to them). Reading them there costs a fraction of decompressing the written layer again. A
@@ -61,7 +61,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sparkseal.core.catalogue import Catalogue, CatalogueError
 from sparkseal.core.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
 from sparkseal.core.determinism import (
     DIR_MODE,
@@ -80,11 +79,13 @@ from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
 from sparkseal.core.pzstd import BLOCK_SIZE as ZSTD_BLOCK_SIZE
 from sparkseal.core.pzstd import LEVEL as ZSTD_LEVEL
 from sparkseal.core.pzstd import ParallelZstdWriter, ZstdUnavailable, describe, load_zstandard
-from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_files
+from sparkseal.core.secret_rules import apply_allowlist
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
 from sparkseal.core.wheel_split import LOWER, PARTS, UPPER, SplitError, WheelSplit, load_split
 from sparkseal.core.wheels import PLATFORMS, WheelError
+from sparkseal.scan.catalogue import Catalogue, CatalogueError
+from sparkseal.scan.scanner import ScanInputError, load_allowlist, scan_files
 
 # gzip level of layer blobs. On the vLLM + torch trees (bench/results/compression.md) level 6 is 0.8% larger
 # than level 9 for a quarter of its CPU time, and 12% smaller than level 1.
