@@ -98,6 +98,74 @@ def test_bzlmod_only_files_are_the_module_extensions_of_module_bazel() -> None:
         assert "module_extension(" in (REPO / rel).read_text(), f"{rel}: expected a module extension"
 
 
+_LOAD = re.compile(r'^load\(\s*"([^"]+)"', re.MULTILINE)
+
+
+def _bzl_loads(path: str, text: str) -> list[str]:
+    """The repository paths of the .bzl files of this repository that ``text`` loads (load statements)."""
+    found = []
+    for label in _LOAD.findall(text):
+        label = label.removeprefix("@")
+        if label.startswith("//"):
+            package, _, name = label[2:].partition(":")
+            found.append(f"{package}/{name}")
+        elif label.startswith(":"):
+            found.append(f"{path.rpartition('/')[0]}/{label[1:]}")
+    return found
+
+
+def backwards_loads(files: dict[str, str], image: str = "rules/private/image.bzl") -> list[str]:
+    """Each repository-rule file that loads, directly or through others, an image-rule file; one line each.
+
+    The image-rule files are ``image`` and the files it loads that declare a rule. A repository rule runs
+    before any build rule exists: loading one makes every repository re-evaluate when the image changes.
+    """
+    image_rules = {image} | {
+        f for f in _bzl_loads(image, files[image]) if re.search(r"(?<![\w.])rule\(", files.get(f, ""))
+    }
+    found = []
+    for path, text in sorted(files.items()):
+        if not re.search(r"\brepository_rule\(", text):
+            continue
+        seen: dict[str, str] = {}  # file -> the file that loads it
+        stack = [path]
+        while stack:
+            current = stack.pop()
+            for loaded in _bzl_loads(current, files.get(current, "")):
+                if loaded not in seen and loaded != path:
+                    seen[loaded] = current
+                    stack.append(loaded)
+        for hit in sorted(set(seen) & image_rules):
+            chain = [hit]
+            while chain[-1] != path:
+                chain.append(seen[chain[-1]])
+            found.append(f"{path}: a repository rule loads the image rules: {' -> '.join(reversed(chain))}")
+    return found
+
+
+def test_no_repository_rule_loads_the_image_rules() -> None:
+    """Repository-rule files load leaves (e.g. rules/private/wheel_layers.bzl), never the image's rules."""
+    files = {p.relative_to(REPO).as_posix(): p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl"))}
+    assert backwards_loads(files) == []
+
+
+def test_the_backwards_load_check_names_the_chain() -> None:
+    files = {
+        "rules/private/image.bzl": 'load(":oci_layer.bzl", "oci_layer")\nload(":leaf.bzl", "X")\n',
+        "rules/private/oci_layer.bzl": "oci_layer = rule(implementation = _impl)\n",
+        "rules/private/leaf.bzl": "X = 1\n",
+        "rules/private/lock.bzl": 'load(":middle.bzl", "Y")\nlock = repository_rule(implementation = _i)\n',
+        "rules/private/middle.bzl": 'load("//rules/private:image.bzl", "Z")\nY = 1\n',
+        "rules/private/clean.bzl": 'load(":leaf.bzl", "X")\nclean = repository_rule(implementation = _i)\n',
+    }
+    assert backwards_loads(files) == [
+        "rules/private/lock.bzl: a repository rule loads the image rules: rules/private/lock.bzl -> "
+        "rules/private/middle.bzl -> rules/private/image.bzl",
+        "rules/private/lock.bzl: a repository rule loads the image rules: rules/private/lock.bzl -> "
+        "rules/private/middle.bzl -> rules/private/image.bzl -> rules/private/oci_layer.bzl",
+    ]
+
+
 @pytest.mark.bazel
 def test_every_starlark_file_loads(tmp_path: Path) -> None:
     """Every BUILD file of the main repository and every .bzl file parses and evaluates in Bazel."""
