@@ -811,14 +811,15 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     live.set_defaults(handler=_live_check, parser=live)
 
 
-# Each command and the package that implements it. The image's sparkseal wheel ships sparkseal.core and
-# sparkseal.runtime only (sparkseal/BUILD), so there the commands of the other packages are not offered.
+# Each command and the package that implements it. The image's sparkseal wheel ships sparkseal.core,
+# sparkseal.scan and sparkseal.runtime only (sparkseal/BUILD), so there the commands of the other packages
+# are not offered.
 _COMMANDS = (
     ("sparkseal.fetch", _add_lock),
     ("sparkseal.audit", _add_verify),
     ("sparkseal.runtime", _add_verify_modules),
     ("sparkseal.runtime", _add_serve),
-    ("sparkseal.core", _add_scan),
+    ("sparkseal.scan", _add_scan),
     ("sparkseal.audit", _add_nccl_diff),
     ("sparkseal.runtime", _add_live_check),
     ("sparkseal.audit", _add_provenance),
