@@ -4,19 +4,19 @@ The program of the ``oci_layer`` rule, a flat ``main``: it parses the arguments,
 trees and calls the jobs, each in its own module: gathering and checking the inputs (trees, links and
 dirs specs, single files, explicit links, directories and modes) into ordered entries with their modes
 and owners (``sparkseal.core.layer_plan``), writing the tar and its compressed blob
-(``sparkseal.core.layer_write``), keeping one part of a split distribution (``sparkseal.core.layer_split``)
+(``sparkseal.core.layer_write``), keeping one part of a split distribution (``sparkseal.install.layer_split``)
 and scanning the files for secrets (``sparkseal.scan.layer``).
 
 A layer of wheels (``--wheel``, with ``--platform``, ``--installer`` and ``--modules``) installs them
-(``sparkseal.core.install``) into a scratch directory of the action, writes them as a tree at ``/`` and
+(``sparkseal.install.venv``) into a scratch directory of the action, writes them as a tree at ``/`` and
 writes the module manifest of their files to ``--modules``; the scratch directory is removed when the
 layer is written, so the build keeps the compressed layer and not the installed files (several GB for
 torch and the CUDA wheels). With ``--bytecode`` the installed sources are byte-compiled first
-(``sparkseal.core.bytecode``: reproducible unchecked-hash pycs, listed in each RECORD and so in the module
+(``sparkseal.install.bytecode``: reproducible unchecked-hash pycs, listed in each RECORD and so in the module
 manifest). The layer's bytes are those of the same wheels installed by ``wheel_install``
 and written as a tree.
 
-A layer of locked .debs (``--deb``, with ``--deb-lock``) unpacks them (``sparkseal.core.debian_rootfs``)
+A layer of locked .debs (``--deb``, with ``--deb-lock``) unpacks them (``sparkseal.install.debian_rootfs``)
 into a scratch directory the same way, and writes the tree, its links and directories at ``/``: the image
 build keeps no unpacked root file system (it would be a second copy of the base layer in every cache).
 
@@ -45,10 +45,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkseal.core.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
-from sparkseal.core.install import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
 from sparkseal.core.layer_plan import LayerError, plan_layer
-from sparkseal.core.layer_split import image_keep, split_keep
 from sparkseal.core.layer_write import write_layer
 from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
 from sparkseal.core.oci import LAYER_MEDIA_TYPES
@@ -56,6 +53,9 @@ from sparkseal.core.pzstd import ZstdUnavailable, load_zstandard
 from sparkseal.core.tar import TarError
 from sparkseal.core.wheel_split import PARTS, SplitError, load_split
 from sparkseal.core.wheels import PLATFORMS, WheelError
+from sparkseal.install.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
+from sparkseal.install.layer_split import image_keep, split_keep
+from sparkseal.install.venv import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
 from sparkseal.scan.catalogue import CatalogueError
 from sparkseal.scan.layer import scan_entries
 from sparkseal.scan.scanner import ScanInputError

@@ -18,13 +18,13 @@ import pytest
 from sparkseal.actions import module_manifest, oci_layer
 from sparkseal.core import manifest
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
-from sparkseal.core.install import (
+from sparkseal.core.wheels import supported_tags, tag_rank
+from sparkseal.install.venv import (
     InstallError,
     install_wheels,
     pyvenv_cfg,
     read_replaces,
 )
-from sparkseal.core.wheels import supported_tags, tag_rank
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 
 SITE = "opt/venv/lib/python3.11/site-packages"

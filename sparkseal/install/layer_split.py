@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkseal.core.digests import sha256_file
-from sparkseal.core.install import python_dirs
 from sparkseal.core.layer_plan import LayerError
 from sparkseal.core.wheel_split import LOWER, UPPER, WheelSplit
+from sparkseal.install.venv import python_dirs
 
 
 def split_keep(
