@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparkseal.actions.oci_layer import plan_layer, write_tar
+from sparkseal.core.layer_plan import plan_layer
+from sparkseal.core.layer_write import write_tar
 from sparkseal.core.tar import CHUNK
 
 GZIP_LEVELS = (1, 6, 9)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkseal.actions.oci_layer import GZIP_LEVEL
+from sparkseal.core.layer_write import GZIP_LEVEL
 from sparkseal.core.pgzip import BLOCK_SIZE, ParallelGzipWriter
 
 CHUNK = 1 << 20

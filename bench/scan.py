@@ -34,8 +34,8 @@ from types import ModuleType
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compression import build_tar
-from sparkseal.core import scan
-from sparkseal.core.catalogue import Catalogue
+from sparkseal.scan import scanner as scan
+from sparkseal.scan.catalogue import Catalogue
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,9 +47,12 @@ def _cpu() -> float:
 
 
 def _module_at(revision: str, work: Path) -> ModuleType:
-    """The scan module as it was at ``revision`` (``sparkseal/core/scan.py``, before the package layout
-    of ``core``: ``sparkseal/audit/scan.py``), imported under another name."""
-    for path in ("sparkseal/core/scan.py", "sparkseal/audit/scan.py"):
+    """The scan module as it was at ``revision``, imported under another name.
+
+    ``sparkseal/scan/scanner.py``; before the scan left the pure core ``sparkseal/core/scan.py``; before
+    the package layout of ``core`` ``sparkseal/audit/scan.py``.
+    """
+    for path in ("sparkseal/scan/scanner.py", "sparkseal/core/scan.py", "sparkseal/audit/scan.py"):
         shown = subprocess.run(
             ["git", "show", f"{revision}:{path}"], cwd=REPO, capture_output=True, check=False
         )
@@ -57,7 +60,8 @@ def _module_at(revision: str, work: Path) -> ModuleType:
             break
     else:
         raise SystemExit(
-            f"bench/scan.py: {revision}: expected sparkseal/core/scan.py or sparkseal/audit/scan.py"
+            f"bench/scan.py: {revision}: expected sparkseal/scan/scanner.py, sparkseal/core/scan.py or "
+            "sparkseal/audit/scan.py"
         )
     source = shown.stdout
     path = work / "scan_before.py"

@@ -270,8 +270,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.core.catalogue import Catalogue, CatalogueError
-    from sparkseal.core.scan import ScanInputError, render, run_scan
+    from sparkseal.scan.catalogue import Catalogue, CatalogueError
+    from sparkseal.scan.scanner import ScanInputError, render, run_scan
 
     try:
         catalogue = Catalogue.find(args.scanner)
@@ -292,7 +292,8 @@ def _add_scan(commands: argparse._SubParsersAction) -> None:
         MAX_MEMBERS,
         MAX_SCAN_MEMBERS,
     )
-    from sparkseal.core.scan import DEFAULT_ALLOW, RULES
+    from sparkseal.core.secret_rules import RULES
+    from sparkseal.scan.scanner import DEFAULT_ALLOW
 
     scan = commands.add_parser(
         "scan",
@@ -810,14 +811,15 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
     live.set_defaults(handler=_live_check, parser=live)
 
 
-# Each command and the package that implements it. The image's sparkseal wheel ships sparkseal.core and
-# sparkseal.runtime only (sparkseal/BUILD), so there the commands of the other packages are not offered.
+# Each command and the package that implements it. The image's sparkseal wheel ships sparkseal.core,
+# sparkseal.scan and sparkseal.runtime only (sparkseal/BUILD), so there the commands of the other packages
+# are not offered.
 _COMMANDS = (
     ("sparkseal.fetch", _add_lock),
     ("sparkseal.audit", _add_verify),
     ("sparkseal.runtime", _add_verify_modules),
     ("sparkseal.runtime", _add_serve),
-    ("sparkseal.core", _add_scan),
+    ("sparkseal.scan", _add_scan),
     ("sparkseal.audit", _add_nccl_diff),
     ("sparkseal.runtime", _add_live_check),
     ("sparkseal.audit", _add_provenance),

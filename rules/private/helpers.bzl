@@ -67,8 +67,6 @@ HELPER_SOURCES = {
     "sparkseal.fetch.toolchain_root": [
         "sparkseal/__init__.py",
         "sparkseal/core/__init__.py",
-        "sparkseal/core/bytecode.py",
-        "sparkseal/core/debian_rootfs.py",
         "sparkseal/core/determinism.py",
         "sparkseal/core/digests.py",
         "sparkseal/core/paths.py",
@@ -77,6 +75,9 @@ HELPER_SOURCES = {
         "sparkseal/core/wheels.py",
         "sparkseal/fetch/__init__.py",
         "sparkseal/fetch/toolchain_root.py",
+        "sparkseal/install/__init__.py",
+        "sparkseal/install/bytecode.py",
+        "sparkseal/install/debian_rootfs.py",
     ],
 }
 # end of what make deps generates

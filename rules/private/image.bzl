@@ -4,27 +4,16 @@ Layers are ordered by how often they change, bottom first, so that a change rebu
 only: the Debian base (locked .debs), torch and NVIDIA's CUDA wheels (large, released together), every
 other locked wheel, our vLLM wheel as two layers (`vllm`: the upstream wheel's files that we leave as they
 are; `vllm_patched`: the files our patches and overlay change or add, their bytecode and the .dist-info),
-the sparkseal wheel, and the app layer with the module manifest and the SBOM. `layer_of` splits the locked
-wheels between the two wheel layers; the python_lock hub's `WHEELS_BY_LAYER` is computed with it.
+the sparkseal wheel, and the app layer with the module manifest and the SBOM. `layer_of`
+(rules/private/wheel_layers.bzl) splits the locked wheels between the two wheel layers; the python_lock
+hub's `WHEELS_BY_LAYER` is computed with it.
 """
 
 load(":module_manifest.bzl", "module_manifest")
 load(":oci_image.bzl", "oci_image")
 load(":oci_layer.bzl", "oci_layer")
 load(":provenance.bzl", "sbom")
-
-TORCH_LAYER = "torch"
-DEPS_LAYER = "deps"
-
-# What each wheel layer holds (for the generated requirements.bzl and the docs).
-WHEEL_LAYERS = {
-    TORCH_LAYER: "torch, torchaudio, torchvision, triton and NVIDIA's CUDA wheels (nvidia-*, cuda-*)",
-    DEPS_LAYER: "every other locked wheel",
-}
-
-# Projects released together with torch; with NVIDIA's CUDA wheels they make the large, rarely changing layer.
-_TORCH_LAYER_PROJECTS = ["torch", "torchaudio", "torchvision", "triton"]
-_TORCH_LAYER_PREFIXES = ["nvidia-", "cuda-"]
+load(":wheel_layers.bzl", "DEPS_LAYER", "TORCH_LAYER")
 
 VENV = "/opt/venv"
 
@@ -34,15 +23,6 @@ PYTHON_LINKS = {
     VENV + "/bin/python3": "/usr/bin/python3.11",
     VENV + "/bin/python3.11": "/usr/bin/python3.11",
 }
-
-def layer_of(project):
-    """The wheel layer of a normalised project name: `torch` or `deps`."""
-    if project in _TORCH_LAYER_PROJECTS:
-        return TORCH_LAYER
-    for prefix in _TORCH_LAYER_PREFIXES:
-        if project.startswith(prefix):
-            return TORCH_LAYER
-    return DEPS_LAYER
 
 def _venv_layers(platform, wheels_by_layer, vllm):
     """(layer, wheels, split file, split part) of the installed layers, bottom first.

@@ -84,7 +84,7 @@ def _oci_layer_impl(ctx):
             inputs.append(f)
     rootfs = ctx.attr.rootfs[DebianRootfsInfo] if ctx.attr.rootfs else None
     if rootfs:
-        # Unpacked inside this action (sparkseal/core/debian_rootfs.py): no rootfs tree is an output.
+        # Unpacked inside this action (sparkseal/install/debian_rootfs.py): no rootfs tree is an output.
         args.add_all(rootfs.debs, before_each = "--deb")
         args.add_all(["--deb-lock", rootfs.lock, "--deb-exclude", rootfs.exclude])
         inputs += rootfs.debs + [rootfs.lock]
@@ -221,7 +221,7 @@ module manifest list, so that no rank compiles a module at start-up.""",
         "platform": attr.string(values = [""] + PLATFORMS, doc = "Target wheel platform (with `wheels`)."),
         "venv": attr.string(default = "/opt/venv", doc = "Path of the virtual environment in the image."),
         "bytecode": attr.bool(
-            doc = "Byte-compile the installed wheels' sources (unchecked-hash pycs, sparkseal/core/bytecode.py).",
+            doc = "Byte-compile the installed wheels' sources (unchecked-hash pycs, sparkseal/install/bytecode.py).",
         ),
         "pyvenv_cfg": attr.bool(default = False, doc = "Write the venv's pyvenv.cfg (in one layer only)."),
         "replaces": attr.label(

@@ -27,7 +27,7 @@ target needs it. `@<name>//:requirements.bzl` exports, for BUILD files:
 - `PLATFORMS`: the platforms of the locks;
 - `PINS`: platform -> project -> `{"version", "filename", "label"}`;
 - `WHEELS`: platform -> labels of every locked wheel, sorted by project;
-- `LAYERS`: wheel layer name -> what it holds (`WHEEL_LAYERS` of rules/private/image.bzl);
+- `LAYERS`: wheel layer name -> what it holds (`WHEEL_LAYERS` of rules/private/wheel_layers.bzl);
 - `WHEELS_BY_LAYER`: platform -> layer -> labels;
 - `layer_of(project)` and `wheel(platform, project)`.
 
@@ -36,7 +36,7 @@ sidecar's version and one of its `--hash` values is the sidecar's sha256, and th
 project that the lock does not pin.
 """
 
-load(":image.bzl", "WHEEL_LAYERS", "layer_of")
+load(":wheel_layers.bzl", "WHEEL_LAYERS", "layer_of")
 
 _HEX = "0123456789abcdef"
 
@@ -190,7 +190,7 @@ def _python_lock_impl(rctx):
     rctx.file("requirements.bzl", "\n".join([
         header,
         "",
-        'load("@//rules/private:image.bzl", _layer_of = "layer_of")',
+        'load("@//rules/private:wheel_layers.bzl", _layer_of = "layer_of")',
         "",
         "layer_of = _layer_of",
         "",

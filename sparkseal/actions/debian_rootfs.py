@@ -1,4 +1,4 @@
-"""Action: unpack the locked .debs into a root file system tree (``sparkseal.core.debian_rootfs``).
+"""Action: unpack the locked .debs into a root file system tree (``sparkseal.install.debian_rootfs``).
 
 The image's base layer unpacks the .debs inside its own action, so no image build writes this tree; the
 ``debian_rootfs`` target builds it to inspect the base OS, or for a layer of another rule that wants a tree.
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sparkseal.core.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
+from sparkseal.install.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
 
 
 def main(argv: list[str] | None = None) -> int:

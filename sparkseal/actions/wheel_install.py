@@ -1,4 +1,4 @@
-"""Action: install a set of wheels into a ``/opt/venv`` tree output (``sparkseal.core.install``).
+"""Action: install a set of wheels into a ``/opt/venv`` tree output (``sparkseal.install.venv``).
 
 The image does not use it (its wheel layers install into a scratch directory that only the layer's tar
 keeps); it is the rule for a build that wants the installed files themselves, e.g. to inspect them.
@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkseal.core.install import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
 from sparkseal.core.wheels import PLATFORMS, WheelError
+from sparkseal.install.venv import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
 
 
 def main(argv: Sequence[str] | None = None) -> int:

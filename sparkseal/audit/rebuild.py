@@ -25,7 +25,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from sparkseal.core import digests
-from sparkseal.core.scan import ScanInputError, git_listed
+from sparkseal.scan.scanner import ScanInputError, git_listed
 
 DEFAULT_TARGETS = ("//:image", "//:pex")
 

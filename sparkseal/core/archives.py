@@ -1,7 +1,7 @@
 """The members of the archives ``sparkseal scan`` finds under its PATHS: wheels, zips, sdists, tars, .debs.
 
 A secret inside a wheel or an sdist is as leaked as one beside it, but a compressed archive's bytes hide
-it from every rule; so the scan opens them and scans their members (``sparkseal.core.scan``). Which
+it from every rule; so the scan opens them and scans their members (``sparkseal.scan.scanner``). Which
 archive a file is, is told by its name (``.whl``, ``.zip``, ``.tar``, ``.tar.gz``/``.tgz``,
 ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``, ``.tar.zst``/``.tzst``, ``.deb``), never sniffed from its
 bytes: a torch checkpoint or a ``.jar`` is a zip too, and opening every zip-shaped file would change what

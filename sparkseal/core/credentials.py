@@ -5,9 +5,9 @@ the host (the file pip and curl read, read the same way). The fetch helpers (the
 download, ``sparkseal.fetch.credentials`` for Bazel's downloads) and the push action
 (``sparkseal.actions.oci_push``) all come here, and show credentials nowhere: :class:`Credentials` prints
 as ``***``, every URL that reaches a message goes through :func:`redact` first, a request carries them in
-an ``Authorization`` header beside the URL, never inside it, and a netrc parse error names the file and
-line, never the token it stopped at. The request helper lives here, beside the credentials it sends,
-rather than with the index lookup, so that every fetch module can use it without importing another.
+an ``Authorization`` header beside the URL, never inside it (``sparkseal.fetch.index.request``, which the
+download uses too: the request belongs to the network side, above this pure reader), and a netrc parse
+error names the file and line, never the token it stopped at.
 
 Standard library only: repository rules run this module with the host ``python3``.
 """
@@ -18,7 +18,6 @@ import base64
 import netrc
 import os
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,18 +126,3 @@ def for_url(url: str, index: str | None = None) -> Credentials | None:
     if "@" in parts.netloc:
         return split_credentials(url)[1]
     return from_netrc(parts.hostname or "")
-
-
-def request(
-    url: str, index: str | None = None, headers: dict[str, str] | None = None
-) -> urllib.request.Request:
-    """A request for ``url`` (credentials removed from it) carrying the credentials :func:`for_url` finds.
-
-    The ``Authorization`` header is not passed on to a redirect's target, which may be another host.
-    """
-    clean, _ = split_credentials(url)
-    found = for_url(url, index)
-    req = urllib.request.Request(clean, headers=headers or {})
-    if found is not None:
-        req.add_unredirected_header("Authorization", found.header())
-    return req

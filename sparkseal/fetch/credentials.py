@@ -1,11 +1,12 @@
 """Credentials for Bazel's downloads: the ``auth`` argument of ``repository_ctx.download`` for each URL.
 
 CI systems reach private indexes with credentials in ``PIP_INDEX_URL`` or in a netrc file, the two ways
-pip itself accepts; ``sparkseal.core.credentials`` reads both (and builds the requests the index lookup
-and the download send). Here they are handed to repository rules, which download with Bazel's own
-downloader: beside the URL (``auth``), never inside it, so neither a message, a log, a lock, the
-provenance nor the SBOM can carry them. The index whose credentials apply comes from
-``sparkseal.fetch.index``; nothing there imports this module, so the two never import each other.
+pip itself accepts; ``sparkseal.core.credentials`` reads both (and ``sparkseal.fetch.index.request``
+builds the requests the index lookup and the download send with them). Here they are handed to
+repository rules, which download with Bazel's own downloader: beside the URL (``auth``), never inside it,
+so neither a message, a log, a lock, the provenance nor the SBOM can carry them. The index whose
+credentials apply comes from ``sparkseal.fetch.index``; nothing there imports this module, so the two
+never import each other.
 
 Standard library only: repository rules run this module with the host ``python3``.
 """

@@ -9,9 +9,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sparkseal.core.credentials import CredentialsError, redact, request
+from sparkseal.core.credentials import CredentialsError, redact
 from sparkseal.core.digests import sha256_file as sha256_of
-from sparkseal.fetch.index import TIMEOUT_S, FetchError, IndexFile, index_url
+from sparkseal.fetch.index import TIMEOUT_S, FetchError, IndexFile, index_url, request
 
 _CHUNK = 1 << 20
 

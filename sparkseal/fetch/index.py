@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from sparkseal.core.credentials import CredentialsError, redact, request
+from sparkseal.core.credentials import CredentialsError, for_url, redact, split_credentials
 from sparkseal.core.wheels import normalize_name
 
 JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -98,6 +98,21 @@ def project_name(filename: str) -> str:
 def page_url(project: str, index: str) -> str:
     """Return the URL of ``project``'s page on ``index`` (always with one trailing slash)."""
     return f"{index.rstrip('/')}/{normalize_name(project)}/"
+
+
+def request(
+    url: str, index: str | None = None, headers: dict[str, str] | None = None
+) -> urllib.request.Request:
+    """A request for ``url`` (credentials removed from it) carrying the credentials ``for_url`` finds.
+
+    The ``Authorization`` header is not passed on to a redirect's target, which may be another host.
+    """
+    clean, _ = split_credentials(url)
+    found = for_url(url, index)
+    req = urllib.request.Request(clean, headers=headers or {})
+    if found is not None:
+        req.add_unredirected_header("Authorization", found.header())
+    return req
 
 
 def list_files(project: str, index: str | None = None) -> ProjectPage:

@@ -66,7 +66,7 @@ PINS: tuple[Pin, ...] = (
     Pin("pathspec", "1.1.1", (ANY,)),
 )
 
-# The secret scanner whose maintained rule catalogue scans every image layer (sparkseal/core/scan.py):
+# The secret scanner whose maintained rule catalogue scans every image layer (sparkseal/scan/scanner.py):
 # a packaged binary, for each machine that may run the scan action (x86_64 hosts, aarch64 workers).
 # Keep the version equal to .ci/requirements-trust.in (the scanner of `sparkseal scan`).
 SCANNER_PINS: tuple[Pin, ...] = (Pin("kingfisher-bin", "2.14.0", (LINUX_X86_64, LINUX_AARCH64)),)

@@ -26,7 +26,9 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from sparkseal.core.debian_rootfs import (
+from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
+from sparkseal.core.paths import UnsafePath, check_relative
+from sparkseal.install.debian_rootfs import (
     DebError,
     check_against_lock,
     check_link_target,
@@ -34,8 +36,6 @@ from sparkseal.core.debian_rootfs import (
     read_control,
     tar_member,
 )
-from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
-from sparkseal.core.paths import UnsafePath, check_relative
 
 # What no tool reads: skipping it keeps the repository (and the action inputs) small.
 DROPPED = (

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from sparkseal.actions import oci_layer
-from sparkseal.core import bytecode, manifest
+from sparkseal.core import manifest
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
-from sparkseal.core.install import compile_bytecode, install_wheels
+from sparkseal.install import bytecode
+from sparkseal.install.venv import compile_bytecode, install_wheels
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 
 SITE = "opt/venv/lib/python3.11/site-packages"

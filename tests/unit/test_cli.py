@@ -14,7 +14,7 @@ import pytest
 from sparkseal import cli
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_PACKAGES = {"sparkseal.core", "sparkseal.runtime"}
+IMAGE_PACKAGES = {"sparkseal.core", "sparkseal.runtime", "sparkseal.scan"}
 
 
 def _commands(parser: object) -> set[str]:

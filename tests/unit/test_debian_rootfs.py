@@ -15,11 +15,11 @@ import pytest
 
 from sparkseal.actions import oci_layer
 from sparkseal.actions.debian_rootfs import main
-from sparkseal.core.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs
 from sparkseal.fetch.debian_archive import locked_urls
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
 from sparkseal.fetch.lock_debian import read_lock
+from sparkseal.install.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs
 from tests.bazel_util import REPO
 from tests.bytecode_probe import PROBE
 from tests.fixtures_debian import (

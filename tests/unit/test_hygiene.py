@@ -100,6 +100,74 @@ def test_bzlmod_only_files_are_the_module_extensions_of_module_bazel() -> None:
         assert "module_extension(" in (REPO / rel).read_text(), f"{rel}: expected a module extension"
 
 
+_LOAD = re.compile(r'^load\(\s*"([^"]+)"', re.MULTILINE)
+
+
+def _bzl_loads(path: str, text: str) -> list[str]:
+    """The repository paths of the .bzl files of this repository that ``text`` loads (load statements)."""
+    found = []
+    for label in _LOAD.findall(text):
+        label = label.removeprefix("@")
+        if label.startswith("//"):
+            package, _, name = label[2:].partition(":")
+            found.append(f"{package}/{name}")
+        elif label.startswith(":"):
+            found.append(f"{path.rpartition('/')[0]}/{label[1:]}")
+    return found
+
+
+def backwards_loads(files: dict[str, str], image: str = "rules/private/image.bzl") -> list[str]:
+    """Each repository-rule file that loads, directly or through others, an image-rule file; one line each.
+
+    The image-rule files are ``image`` and the files it loads that declare a rule. A repository rule runs
+    before any build rule exists: loading one makes every repository re-evaluate when the image changes.
+    """
+    image_rules = {image} | {
+        f for f in _bzl_loads(image, files[image]) if re.search(r"(?<![\w.])rule\(", files.get(f, ""))
+    }
+    found = []
+    for path, text in sorted(files.items()):
+        if not re.search(r"\brepository_rule\(", text):
+            continue
+        seen: dict[str, str] = {}  # file -> the file that loads it
+        stack = [path]
+        while stack:
+            current = stack.pop()
+            for loaded in _bzl_loads(current, files.get(current, "")):
+                if loaded not in seen and loaded != path:
+                    seen[loaded] = current
+                    stack.append(loaded)
+        for hit in sorted(set(seen) & image_rules):
+            chain = [hit]
+            while chain[-1] != path:
+                chain.append(seen[chain[-1]])
+            found.append(f"{path}: a repository rule loads the image rules: {' -> '.join(reversed(chain))}")
+    return found
+
+
+def test_no_repository_rule_loads_the_image_rules() -> None:
+    """Repository-rule files load leaves (e.g. rules/private/wheel_layers.bzl), never the image's rules."""
+    files = {p.relative_to(REPO).as_posix(): p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl"))}
+    assert backwards_loads(files) == []
+
+
+def test_the_backwards_load_check_names_the_chain() -> None:
+    files = {
+        "rules/private/image.bzl": 'load(":oci_layer.bzl", "oci_layer")\nload(":leaf.bzl", "X")\n',
+        "rules/private/oci_layer.bzl": "oci_layer = rule(implementation = _impl)\n",
+        "rules/private/leaf.bzl": "X = 1\n",
+        "rules/private/lock.bzl": 'load(":middle.bzl", "Y")\nlock = repository_rule(implementation = _i)\n',
+        "rules/private/middle.bzl": 'load("//rules/private:image.bzl", "Z")\nY = 1\n',
+        "rules/private/clean.bzl": 'load(":leaf.bzl", "X")\nclean = repository_rule(implementation = _i)\n',
+    }
+    assert backwards_loads(files) == [
+        "rules/private/lock.bzl: a repository rule loads the image rules: rules/private/lock.bzl -> "
+        "rules/private/middle.bzl -> rules/private/image.bzl",
+        "rules/private/lock.bzl: a repository rule loads the image rules: rules/private/lock.bzl -> "
+        "rules/private/middle.bzl -> rules/private/image.bzl -> rules/private/oci_layer.bzl",
+    ]
+
+
 @pytest.mark.bazel
 def test_every_starlark_file_loads(tmp_path: Path) -> None:
     """Every BUILD file of the main repository and every .bzl file parses and evaluates in Bazel."""
@@ -151,16 +219,20 @@ def test_every_starlark_file_loads(tmp_path: Path) -> None:
 
 
 # Which packages of ours each part of sparkseal may import: the core at the bottom imports nothing else of
-# ours; action programs, fetch helpers, auditors and the runtime sit on it and never on each other (an
-# action program imports no other action program either); the command line sits on everything. The
-# package root (``sparkseal/__init__.py``) holds only the version and may be imported by all.
+# ours; the secret scan (which runs git and the catalogue's binary) and the installed trees (byte-compiled
+# in fresh interpreters) sit on it; action programs, fetch helpers, auditors and the runtime sit on the
+# core and never on each other (an action program imports no other action program either), on the scan
+# and the installed trees where they need them; the command line sits on everything. The package root
+# (``sparkseal/__init__.py``) holds only the version and may be imported by all.
 ALLOWED_IMPORTS = {
     "core": {"core"},
-    "actions": {"core"},
-    "fetch": {"core", "fetch"},
-    "audit": {"core", "audit"},
+    "scan": {"core", "scan"},
+    "install": {"core", "install"},
+    "actions": {"core", "scan", "install"},
+    "fetch": {"core", "fetch", "install"},
+    "audit": {"core", "audit", "scan"},
     "runtime": {"core", "runtime"},
-    "cli": {"core", "actions", "fetch", "audit", "runtime", "cli"},
+    "cli": {"core", "scan", "install", "actions", "fetch", "audit", "runtime", "cli"},
     # tools for working on the repository (generated tables and pages): they read files, import nothing
     "devtools": {"devtools"},
 }
@@ -205,20 +277,111 @@ def test_imports_flow_one_way() -> None:
 
 def test_the_import_check_names_an_upward_import() -> None:
     modules = {
-        Path("sparkseal/actions/oci_layer.py"): "from sparkseal.audit.scan import scan_stream\n",
+        Path("sparkseal/actions/oci_layer.py"): "from sparkseal.audit.rebuild import check\n",
         Path("sparkseal/core/tar.py"): "import os\n\n\ndef f():\n    from sparkseal.runtime import verify\n",
         Path(
             "sparkseal/actions/sbom.py"
         ): "from sparkseal import __version__\nfrom sparkseal.actions import oci_image\n",
         Path("sparkseal/fetch/series.py"): "from sparkseal.core.patchset import read_series\n",
+        Path("sparkseal/core/oci.py"): "from sparkseal.scan.catalogue import Catalogue\n",
+        Path("sparkseal/scan/scanner.py"): "from sparkseal.fetch.index import index_url\n",
     }
     assert import_violations(modules) == [
-        "sparkseal/actions/oci_layer.py:1: imports sparkseal.audit.scan; sparkseal.actions may import "
-        "only sparkseal.core",
+        "sparkseal/actions/oci_layer.py:1: imports sparkseal.audit.rebuild; sparkseal.actions may import "
+        "only sparkseal.core, sparkseal.install, sparkseal.scan",
         "sparkseal/actions/sbom.py:2: imports sparkseal.actions.oci_image; sparkseal.actions may import only "
+        "sparkseal.core, sparkseal.install, sparkseal.scan",
+        "sparkseal/core/oci.py:1: imports sparkseal.scan.catalogue; sparkseal.core may import only "
         "sparkseal.core",
         "sparkseal/core/tar.py:5: imports sparkseal.runtime.verify; sparkseal.core may import only "
         "sparkseal.core",
+        "sparkseal/scan/scanner.py:1: imports sparkseal.fetch.index; sparkseal.scan may import only "
+        "sparkseal.core, sparkseal.scan",
+    ]
+
+
+# What makes a module impure: a module that opens connections or starts processes, or a call that starts
+# or finds a program. ``urllib.parse`` is string handling and stays allowed.
+IMPURE_MODULES = (
+    "subprocess",
+    "socket",
+    "ssl",
+    "http",
+    "urllib.request",
+    "ftplib",
+    "smtplib",
+    "multiprocessing",
+)
+_EXEC_SUFFIXES = ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")
+IMPURE_CALLS = {
+    "shutil": ("which",),
+    "os": (
+        "system",
+        "popen",
+        "fork",
+        "forkpty",
+        "posix_spawn",
+        "posix_spawnp",
+        *(f"exec{s}" for s in _EXEC_SUFFIXES),
+        *(f"spawn{s}" for s in _EXEC_SUFFIXES),
+    ),
+}
+
+
+def impurities(rel: Path, source: str) -> list[str]:
+    """Each import or call of ``source`` that reaches a process, a program or the network, one line each."""
+    found = []
+
+    def impure(name: str) -> bool:
+        return any(name == m or name.startswith(f"{m}.") for m in IMPURE_MODULES)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"{rel}:{node.lineno}: imports {a.name}" for a in node.names if impure(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            hits = [n for n in names if impure(node.module) or impure(n)]
+            hits += [
+                n
+                for n in names
+                if n.rpartition(".")[2] in IMPURE_CALLS.get(node.module, ()) and n not in hits
+            ]
+            found += [f"{rel}:{node.lineno}: imports {n}" for n in hits]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.attr in IMPURE_CALLS.get(node.value.id, ())
+        ):
+            found.append(f"{rel}:{node.lineno}: uses {node.value.id}.{node.attr}")
+    return found
+
+
+def test_core_runs_no_program_and_opens_no_connection() -> None:
+    """``sparkseal/core`` stays pure: no subprocess, no external binary, no network."""
+    found = [
+        line
+        for rel, source in _package_modules().items()
+        if _part(rel) == "core"
+        for line in impurities(rel, source)
+    ]
+    assert found == [], "core is the pure library: move these to the trade that runs them"
+
+
+def test_the_purity_check_names_each_impure_import_and_call() -> None:
+    source = (
+        "import os\nimport subprocess\nimport urllib.parse\nimport urllib.request\n"
+        "from http import client\nfrom shutil import which, copyfile\nimport shutil\n"
+        "from socket import socket\n\n\ndef f():\n    os.execvp('git', ['git'])\n"
+        "    shutil.which('git')\n    os.path.join('a', 'b')\n    shutil.copyfile('a', 'b')\n"
+    )
+    assert impurities(Path("sparkseal/core/x.py"), source) == [
+        "sparkseal/core/x.py:2: imports subprocess",
+        "sparkseal/core/x.py:4: imports urllib.request",
+        "sparkseal/core/x.py:5: imports http.client",
+        "sparkseal/core/x.py:6: imports shutil.which",
+        "sparkseal/core/x.py:8: imports socket.socket",
+        "sparkseal/core/x.py:12: uses os.execvp",
+        "sparkseal/core/x.py:13: uses shutil.which",
     ]
 
 
@@ -349,6 +512,52 @@ def test_the_cycle_check_names_a_planted_cycle() -> None:
 def test_bazel_dependency_lists_are_generated_from_the_imports() -> None:
     """ACTION_DEPS, CORE_DEPS and HELPER_SOURCES say what the imports say: `make deps` wrote them last."""
     assert deps.stale(REPO) == []
+
+
+def _deps_table(build: str, name: str) -> dict[str, list[str]]:
+    text = (REPO / build).read_text()
+    table = re.search(rf"^{name} = (\{{.*?^\}})", text, re.MULTILINE | re.DOTALL)
+    assert table, f"{build}: expected a {name} = {{...}} table, found none"
+    return ast.literal_eval(table.group(1))
+
+
+def _module_deps(source: str, package: str) -> list[str]:
+    """The modules of ours ``source`` imports, as a deps table names them: a core module by its bare
+    name, one of ``package`` itself as ``:name``, any other as ``//sparkseal/<package>:name``."""
+    found = set()
+    for _, name in _our_imports(source):
+        parts = name.split(".")
+        if len(parts) < 3:
+            continue  # the package root: the version only, a dep of every package's own library
+        if parts[1] == "core":
+            found.add(parts[2])
+        elif parts[1] == package:
+            found.add(f":{parts[2]}")
+        else:
+            found.add(f"//sparkseal/{parts[1]}:{parts[2]}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize(
+    ("package", "build", "table"),
+    [
+        ("core", "sparkseal/core/BUILD", "CORE_DEPS"),
+        ("scan", "sparkseal/scan/BUILD", "SCAN_DEPS"),
+        ("install", "sparkseal/install/BUILD", "INSTALL_DEPS"),
+        ("actions", "sparkseal/actions/BUILD", "ACTION_DEPS"),
+    ],
+)
+def test_bazel_deps_match_the_imports(package: str, build: str, table: str) -> None:
+    """Each module's Bazel inputs are the modules it imports: no more (cache misses), no fewer."""
+    deps = _deps_table(build, table)
+    modules = sorted(p for p in (REPO / "sparkseal" / package).glob("*.py") if p.stem != "__init__")
+    assert sorted(deps) == [p.stem for p in modules], f"{build}: {table} lists other modules"
+    for module in modules:
+        imported = _module_deps(module.read_text(), "" if package == "core" else package)
+        assert imported == deps[module.stem], (
+            f"{build}: {table}[{module.stem!r}]: expected {imported} (the imports of {module.name}), "
+            f"found {deps[module.stem]}"
+        )
 
 
 def test_starlark_platforms_are_the_python_ones() -> None:

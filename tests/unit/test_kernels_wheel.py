@@ -377,6 +377,7 @@ def test_wheel_tags_layout_and_library(builds: Builds, platform: str) -> None:
     assert "Root-Is-Purelib: false\n" in wheel_meta, f"{wheel.name}: WHEEL: {wheel_meta}"
     assert "sparkseal/runtime/_lib.py" in names, f"{wheel.name}: expected the Python package, got {names}"
     assert "sparkseal/core/manifest.py" in names, f"{wheel.name}: expected sparkseal.core, got {names}"
+    assert "sparkseal/scan/scanner.py" in names, f"{wheel.name}: expected sparkseal.scan, got {names}"
     # What runs in the image only: no action program, fetch helper or auditor.
     foreign = [
         n for n in names if n.startswith(("sparkseal/actions/", "sparkseal/fetch/", "sparkseal/audit/"))

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.core import scan
-from sparkseal.core.catalogue import Catalogue
+from sparkseal.core import secret_rules
+from sparkseal.scan import scanner as scan
+from sparkseal.scan.catalogue import Catalogue
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -203,7 +204,7 @@ def test_an_entry_for_a_source_covers_its_bytecode_only() -> None:
         scan.Finding(f"{site}/pkg/sub/__pycache__/net.cpython-311.pyc", None, "private-ipv4", "10.2***"),
         scan.Finding(f"{site}/pkg/net.pyc", None, "private-ipv4", "10.2***"),
     ]
-    report = scan.apply_allowlist(findings, allow)
+    report = secret_rules.apply_allowlist(findings, allow)
     assert [f.path for f in report.allowed] == [f"{site}/pkg/__pycache__/net.cpython-311.pyc"]
     assert [(f.path.removeprefix(site), f.rule) for f in report.findings] == [
         ("/pkg/__pycache__/net.cpython-311.pyc", "home-path"),
@@ -211,7 +212,7 @@ def test_an_entry_for_a_source_covers_its_bytecode_only() -> None:
         ("/pkg/sub/__pycache__/net.cpython-311.pyc", "private-ipv4"),
         ("/pkg/net.pyc", "private-ipv4"),
     ]
-    assert scan.allow_paths("__pycache__/top.cpython-311.opt-1.pyc") == (
+    assert secret_rules.allow_paths("__pycache__/top.cpython-311.opt-1.pyc") == (
         "__pycache__/top.cpython-311.opt-1.pyc",
         "top.py",
     )

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from sparkseal.core import archives, scan
-from sparkseal.core.catalogue import Catalogue
+from sparkseal.core import archives
+from sparkseal.scan import scanner as scan
+from sparkseal.scan.catalogue import Catalogue
 from tests.secret_samples import families
 from tests.unit.test_scan import HOME, RULES_NOTE, _cli
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.core import scan
-from sparkseal.core.catalogue import Catalogue, CatalogueError
+from sparkseal.scan import scanner as scan
+from sparkseal.scan.catalogue import Catalogue, CatalogueError
 from tests.secret_samples import Family, families, pypi_prefix
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sparkseal.actions import oci_layer
-from sparkseal.core import scan
-from sparkseal.core.catalogue import Catalogue
+from sparkseal.scan import scanner as scan
+from sparkseal.scan.catalogue import Catalogue
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 from tests.unit.test_scan import HF, HOME

@@ -15,9 +15,9 @@ import pytest
 
 from sparkseal.actions import sparkseal_pex as pex_build
 from sparkseal.actions.sparkseal_pex import PexBuildError, build_pex, render_complete_platform
-from sparkseal.core.install import install_wheels
 from sparkseal.core.manifest import pex_manifest, tree_manifest
 from sparkseal.core.wheels import supported_tags
+from sparkseal.install.venv import install_wheels
 from tests.fixture_wheels import REPO, locked_installer_wheel, locked_tool_wheel, make_wheel
 
 COMPLETE_PLATFORMS = REPO / "third_party/python/complete_platforms"

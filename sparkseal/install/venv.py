@@ -6,7 +6,7 @@ The target directory receives ``opt/venv/lib/python3.11/site-packages/...``, ``o
 
 Nothing of the target is executed: the wheels are unpacked, console scripts are generated with the
 shebang ``#!/opt/venv/bin/python3``. Bytecode is compiled only when asked (``bytecode=True``), after
-every wheel is in place, by ``sparkseal.core.bytecode``: reproducible unchecked-hash pycs that each
+every wheel is in place, by ``sparkseal.install.bytecode``: reproducible unchecked-hash pycs that each
 distribution's RECORD lists. Every wheel's tags are checked against the
 target platform first (CPython 3.11, manylinux glibc <= 2.36), two wheels writing the same file is an
 error naming both, and every file and directory gets a fixed mode and mtime. ``INSTALLER`` says
@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from sparkseal.core.bytecode import BytecodeError, add_to_record, compile_tree
 from sparkseal.core.manifest import DEFAULT_PREFIX, ManifestError, read_dist_infos
 from sparkseal.core.tree import normalize_tree
 from sparkseal.core.wheels import (
@@ -40,6 +39,7 @@ from sparkseal.core.wheels import (
     normalize_name,
     parse_wheel_filename,
 )
+from sparkseal.install.bytecode import BytecodeError, add_to_record, compile_tree
 
 # The interpreter links of the venv, relative to the prefix. They are not in the tree: an absolute link
 # would point into the build host (Bazel follows it and hashes the host's file), so the layer writer adds
@@ -144,7 +144,7 @@ def _install_one(installer: Any, destination: Any, wheel: Path, prefix: str) -> 
             with warnings.catch_warnings():
                 # installer leaves out the bytecode a wheel ships in __pycache__ (numpy's does), as pip
                 # does, and warns for each file: in a build log that reads like a failure. The image's
-                # pycs are compiled from the installed sources (sparkseal.core.bytecode).
+                # pycs are compiled from the installed sources (sparkseal.install.bytecode).
                 warnings.filterwarnings(
                     "ignore", message=r"Skip installing .*__pycache__", category=RuntimeWarning
                 )

@@ -17,7 +17,7 @@ scripts is done here, each step named in ``_configure``: ``/etc/passwd`` and ``/
 bundle, the ``nsswitch.conf`` and ``localtime`` defaults, and the dpkg database (``var/lib/dpkg/status``
 and ``info/*.list``/``*.md5sums``) that image scanners and SBOM tools read, and the interpreter's bytecode
 (its postinst runs ``py3compile``): here reproducible unchecked-hash pycs of the standard library
-(``sparkseal.core.bytecode``), so that no start of the image compiles it again.
+(``sparkseal.install.bytecode``), so that no start of the image compiles it again.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from sparkseal.core.bytecode import BytecodeError, compile_tree
 from sparkseal.core.determinism import DIR_MODE, FILE_MODE, GID, STICKY_DIR_MODE, UID
 from sparkseal.core.digests import sha256_file
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.tree import normalised_mode
 from sparkseal.core.wheels import PYTHON_VERSION
+from sparkseal.install.bytecode import BytecodeError, compile_tree
 
 # Top-level directories that are symlinks into /usr on a merged-/usr system (bookworm's default); a
 # link is made for each one whose /usr counterpart exists.
