@@ -317,7 +317,7 @@ class _TarState:
 
     shown: str
     kind: ArchiveKind
-    budget: Budget
+    budget: Budget | None  # None: entries are numbered but not counted against a member limit
     entries: int = 0
     pending: int = 0
     globals: int = 0
@@ -362,7 +362,8 @@ def _bounded_tarinfo(state: _TarState) -> type[tarfile.TarInfo]:
                     f"{position}{where}): a GNU sparse member, whose map is read without a bound"
                 )
             state.entries, state.pending = position, 0
-            _enter(state.shown, state.budget, position, where)
+            if state.budget is not None:
+                _enter(state.shown, state.budget, position, where)
             return super()._proc_member(tar)  # type: ignore[misc]
 
         def _proc_gnusparse_10(self, *_args: object) -> None:
@@ -373,6 +374,28 @@ def _bounded_tarinfo(state: _TarState) -> type[tarfile.TarInfo]:
             )
 
     return Bounded
+
+
+def open_tar(
+    shown: str,
+    fileobj: IO[bytes] | None = None,
+    *,
+    path: Path | None = None,
+    mode: str = "r|*",
+    kind: ArchiveKind = _TAR_KINDS[""],
+    budget: Budget | None = None,
+) -> tarfile.TarFile:
+    """A reader of a tar that anyone may have written (``fileobj``, or the file at ``path``), bounded.
+
+    Every reader of untrusted tar bytes opens them here, never with ``tarfile.open`` itself: Python's
+    reader would read a pax path or GNU long name whole at whatever size its header states (a 0.5 MB
+    ``.tar.gz`` can state 2 GiB), so each header is judged first (:data:`MAX_HEADER_BYTES`), and with a
+    ``budget`` each entry is counted (:data:`MAX_MEMBERS`; the reader keeps every header it has read).
+    A refusal is an :class:`ArchiveError` naming ``shown``, the member's position and the limit; it may
+    come from this call (the reader reads the first header at once) or from any later read.
+    """
+    state = _TarState(shown, kind, budget)
+    return tarfile.open(name=path, fileobj=fileobj, mode=mode, tarinfo=_bounded_tarinfo(state))
 
 
 class _Counted(io.RawIOBase):
@@ -438,9 +461,8 @@ def _tar_members(
     """
     source, errors = _decompressed(raw, shown, kind, compression)
     counted = _Counted(source)
-    state = _TarState(shown, kind, budget)
     try:
-        tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_bounded_tarinfo(state))  # noqa: SIM115
+        tar = open_tar(shown, counted, mode="r|", kind=kind, budget=budget)
     except errors as error:
         raise _unreadable(shown, kind, error) from error
     unpacked = 0

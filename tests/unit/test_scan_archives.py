@@ -8,6 +8,7 @@ Secrets are built at run time (tests/secret_samples.py) so that this file itself
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import lzma
@@ -22,7 +23,7 @@ import zstandard
 from sparkseal.core import archives, scan
 from sparkseal.core.catalogue import Catalogue
 from tests.secret_samples import families
-from tests.unit.test_scan import HOME, RULES_NOTE, _cli
+from tests.unit.test_scan import HOME, RULES_NOTE, _cli, _oci_layout
 
 CATALOGUE = Catalogue.find()
 # The PyPI prefix only shapes the PyPI sample, which these tests do not use.
@@ -387,6 +388,52 @@ def test_extension_headers_are_bounded_in_all_before_one_member(
         f"{archive}: refused, not read further: member 1 (its header at byte 0 of the tar): its "
         "extension headers state 4802 bytes in all, over the limit of 4096 bytes (MAX_HEADER_BYTES)"
     )
+
+
+def _long_path_tar(path_bytes: int) -> tuple[bytes, int]:
+    """A tar of a.txt, then a member whose pax header states a path of ``path_bytes``; and that header's size.
+
+    Made at the real limit (:data:`archives.MAX_HEADER_BYTES`): gzip packs the 4 MiB path into a few KB,
+    as a hostile layer would pack hundreds of MB.
+    """
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("a.txt", "d/" * (path_bytes // 2) + "config.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = len(SLACK)
+            tar.addfile(info, io.BytesIO(SLACK))
+    return raw.getvalue(), _header_size(raw.getvalue(), 1024)
+
+
+def _refused(shown: str, stated: int) -> str:
+    return (
+        f"{shown}: refused, not read further: member 2 (its header at byte 1024 of the tar): its pax "
+        f"extended header states {stated} bytes, over the limit of 1048576 bytes (MAX_HEADER_BYTES)"
+    )
+
+
+def test_an_image_layers_tar_headers_are_bounded(tmp_path: Path) -> None:
+    """`scan --image` reads each layer through the same bounded reader as an archive under PATH."""
+    hostile, stated = _long_path_tar(4 << 20)
+    assert stated > archives.MAX_HEADER_BYTES
+    layer = gzip.compress(hostile, mtime=0)
+    assert len(layer) < 64 << 10
+    layout = tmp_path / "layout"
+    _oci_layout(layout, [layer])
+    digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    with pytest.raises(scan.ScanInputError) as caught:
+        scan.run_scan([], layout, None, root=tmp_path)
+    assert str(caught.value) == _refused(f"{layout}: layer {digest}", stated)
+
+
+def test_an_image_archives_own_tar_headers_are_bounded(tmp_path: Path) -> None:
+    """An image given as a tar (OCI or docker archive): its own headers are judged before they are read."""
+    hostile, stated = _long_path_tar(4 << 20)
+    image = tmp_path / "image.tar"
+    image.write_bytes(hostile)
+    with pytest.raises(scan.ScanInputError) as caught:
+        scan.run_scan([], image, None, root=tmp_path)
+    assert str(caught.value) == _refused(str(image), stated)
 
 
 def _empty_tar(count: int, prefix: str = "f") -> bytes:
