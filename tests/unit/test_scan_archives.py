@@ -97,7 +97,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, scan.Report]:
 
 def test_every_archive_is_opened_and_counted(tree: tuple[Path, scan.Report]) -> None:
     root, report = tree
-    assert (report.files, report.archives, report.notes) == (10, 6, [])
+    # the .deb gives 4 files: debian-binary, control.tar.gz's control, data.tar's two
+    assert (report.files, report.archives, report.notes) == (12, 7, [])
     assert _locations(report) == [
         f"{root}/bundle.tar.gz!dist/{WHEEL}!pkg/config.txt:1:{RULE}",
         f"{root}/pkg-1.0-py3-none-any.whl!pkg/config.txt:1:{RULE}",
@@ -462,10 +463,11 @@ def test_members_per_archive_are_limited(tmp_path: Path, monkeypatch: pytest.Mon
     deb.write_bytes(_deb({f"./usr/share/f{n}": b"" for n in range(5)}))
     with pytest.raises(scan.ScanInputError) as caught:
         _scan(deb)
-    # The ar members count too: debian-binary, control.tar.gz, data.tar.xz, then data.tar's first one.
+    # The ar members count too: debian-binary, control.tar.gz, data.tar.xz, then the control tar's first
+    # one (the control tar is opened first, in archive order, and counts against the .deb's limit).
     assert str(caught.value) == (
-        f"{deb}: refused, not read further: member 1 (its header at byte 0 of the tar) would bring the "
-        "entries of the archive to 4, over the limit of 3 (MAX_MEMBERS)"
+        f"{deb}!control.tar.gz: refused, not read further: member 1 (its header at byte 0 of the tar) would "
+        "bring the entries of the archive to 4, over the limit of 3 (MAX_MEMBERS)"
     )
 
 
@@ -575,6 +577,30 @@ def test_a_deb_is_streamed_not_read_whole(tmp_path: Path, monkeypatch: pytest.Mo
         f"{truncated}: expected a Debian package (an ar archive with a data.tar member), cannot read it: "
         "member 'data.tar.xz' claims "
     )
+
+
+def test_a_debs_control_member_is_scanned_too(tmp_path: Path) -> None:
+    """Its maintainer scripts run as root at install: a .deb's members besides data.tar are scanned, the
+    control tar opened like a nested archive (and any other ar member read as the bytes it is)."""
+    control = gzip.compress(_tar({"./control": b"Package: tool\n", "./postinst": b"#!/bin/sh\n" + SLACK}))
+    data = lzma.compress(_tar({"./usr/bin/tool": b"x"}))
+    deb = tmp_path / "tool_1.0_arm64.deb"
+    deb.write_bytes(
+        _ar(
+            [
+                ("debian-binary", b"2.0\n"),
+                ("control.tar.gz", control),
+                ("data.tar.xz", data),
+                ("_extra", SLACK),
+            ]
+        )
+    )
+    report = _scan(deb)
+    assert _locations(report) == [
+        f"{deb}!_extra:1:{RULE}",
+        f"{deb}!control.tar.gz!postinst:2:{RULE}",
+    ]
+    assert (report.files, report.archives) == (5, 2)  # debian-binary, control, postinst, tool, _extra
 
 
 def test_the_help_says_what_is_read_whole_and_the_limits() -> None:
