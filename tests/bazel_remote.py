@@ -190,3 +190,61 @@ def client_value_leaks(spawns: list[dict[str, object]], workspace: Workspace) ->
                     if pattern.search(str(value)):
                         found.append(f"{spawn.get('mnemonic')} {where} holds the {what}: {value}")
     return found
+
+
+# Absolute paths an action may name without reading the host's files: devices and its own process.
+NOT_HOST_READS = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/proc/self/")
+# Inputs whose text the action reads as more arguments: Bazel's param files (one argument a line, the
+# "multiline" format) and the locked compilers' toolchain.json (paths in the repository).
+_ARGUMENT_FILES = (".params", "/toolchain.json")
+
+
+def _absolute_paths(text: str) -> list[str]:
+    """The absolute paths in one argument or value: whole, after ``NAME=`` or ``--flag=``, glued to an
+    option (``-I/usr/include``), or in a ``:``/``,``-separated list (``PATH``)."""
+    found = []
+    for part in re.split(r"[\s=:,;\"']+", text):
+        part = re.sub(r"^-[\w-]*?(?=/)", "", part)
+        if part.startswith("/") and not part.startswith(NOT_HOST_READS):  # "/" alone: the host's root
+            found.append(part)
+    return found
+
+
+def _json_strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _json_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _json_strings(item)
+
+
+def host_reads(spawn: dict[str, object], execroot: Path | None = None) -> list[str]:
+    """What one spawn of an execution log would read from the host rather than from its inputs.
+
+    Bazel lists an action's inputs relative to the execution root, so an input list alone never shows a
+    host path; what does is the command: an absolute path in its arguments, its environment (a ``PATH``
+    of host directories), or, with ``execroot`` to read them from, its toolchain.json and its param files
+    (where Bazel left them there: Bazel 7 writes a sandboxed action's param files into its sandbox only).
+    Each is returned as ``WHERE: PATH``; an input outside the execution root is too.
+    """
+    found: list[str] = []
+    inputs = [str(i["path"]) for i in spawn.get("inputs", [])]  # type: ignore[attr-defined,index]
+    found += [f"input: {path}" for path in inputs if path.startswith(("/", "../"))]
+    for word in spawn.get("commandArgs", []):  # type: ignore[attr-defined]
+        found += [f"argument {word}: {path}" for path in _absolute_paths(str(word))]
+    for variable in spawn.get("environmentVariables", []):  # type: ignore[attr-defined]
+        name, value = variable["name"], str(variable["value"])  # type: ignore[index]
+        found += [f"environment {name}: {path}" for path in _absolute_paths(value)]
+    if execroot is not None:
+        for path in inputs:
+            if not path.endswith(_ARGUMENT_FILES) or (
+                path.endswith(".params") and not (execroot / path).is_file()
+            ):
+                continue
+            text = (execroot / path).read_text()
+            words = _json_strings(json.loads(text)) if path.endswith(".json") else text.splitlines()
+            found += [f"{path}: {p}" for word in words for p in _absolute_paths(word)]
+    return found

@@ -84,8 +84,12 @@ run)
     phases=${*:-plain ours upstream}
     if [ -n "$trained" ]; then phases=${*:-agree plain ours upstream}; fi
     mkdir -p "$results" "$out"
+    # A server that fails (it never came up, or a check failed) fails the run, after the other phases ran
+    # and the results were packed: each is named at the end.
+    failed=()
     serve() {
-        "$python" bench/live/serve.py --model-dir "$model" --load-format "$format" --out "$results" "$@" || true
+        "$python" bench/live/serve.py --model-dir "$model" --load-format "$format" --out "$results" "$@" ||
+            failed+=("$2")
     }
     ref=$results/reference.json
     long=(--long-prompt-tokens 2048 --vocab 100:1000)
@@ -154,15 +158,20 @@ run)
         esac
     done
     tar -C "$results" -czf "$out/live-results.tar.gz" .
-    if [ -n "$trained" ]; then "$python" bench/live/summary.py "$results"; fi
+    if [ -n "$trained" ]; then "$python" bench/live/summary.py "$results" || failed+=("summary"); fi
     for summary in "$results"/*.summary.json; do "$python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["name"], d.get("startup_s"), d.get("error", ""), {k: v["exit"] for k, v in d["checks"].items()})' "$summary"; done
     for report in "$results"/*.json; do
         case $report in *summary.json | *reference.json) continue ;; esac
         "$python" -c 'import json,sys
 try: d=json.load(open(sys.argv[1]))
-except Exception as e: print(sys.argv[1], "unreadable", e); raise SystemExit
-print(sys.argv[1].rsplit("/",1)[-1], "ok" if d["ok"] else "FINDINGS", [f["message"][:160] for f in d["findings"]])' "$report"
+except Exception as e: print(sys.argv[1], "unreadable", e); raise SystemExit(1)
+print(sys.argv[1].rsplit("/",1)[-1], "ok" if d["ok"] else "FINDINGS", [f["message"][:160] for f in d["findings"]])' "$report" ||
+            failed+=("$(basename "$report") unreadable")
     done
+    if [ ${#failed[@]} -gt 0 ]; then
+        echo "run: failed: ${failed[*]}" >&2
+        exit 1
+    fi
     ;;
 *)
     echo "usage: bench/live/h200.sh receive DIR... | install | run OUT [PHASE...]" >&2

@@ -168,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         stop(process)
         summary["total_s"] = round(time.monotonic() - started, 1)
         (args.out / f"{args.name}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return 1 if "error" in summary else 0
+    failed = [name for name, check in summary["checks"].items() if check["exit"] != 0]
+    if failed:  # a failed check fails the server's run, as a server that never came up does
+        print(f"{args.name}: live-check failed: {', '.join(failed)}", flush=True)
+    return 1 if "error" in summary or failed else 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,14 @@ csv.writer(out, lineterminator="\n").writerows(rows)
 (dist / "RECORD").write_text(out.getvalue())
 PY
 export VLLM_USE_FLASHINFER_SAMPLER=0
+# A failed server, check or report fails the phase, after the phase's other runs: each phase ends with
+# `exit $status`, and its runs set status=1 (serve.py says what failed).
+status=0
+# Lines of server logs matching PATTERN: for a reader's eye. No matching line is no failure (grep's exit 1);
+# a missing log is (exit 2): no server wrote it.
+log_lines() { # PATTERN LOG...
+    grep -h "$1" "${@:2}" || [ $? = 1 ]
+}
 models=/tmp/sparkseal-dsv32
 out=$2
 mkdir -p "$out"
@@ -88,7 +96,7 @@ serve_v4() {
     read -r -a extra <<<"${V4_SERVE_ARGS:-}"
     "$python" bench/live/serve.py --model-dir "$v4" "${sites[@]}" --max-num-seqs 8 --out "$v4_out" \
         --vllm-arg=--kv-cache-dtype --vllm-arg=fp8 --start-deadline "${START_DEADLINE:-420}" "$@" \
-        ${extra[@]+"${extra[@]}"} || true
+        ${extra[@]+"${extra[@]}"} || status=1
 }
 dsv4_reference() {
     # FlashMLA's V4 class records the reference once (vLLM's JIT compilations happen in this first server).
@@ -98,7 +106,6 @@ dsv4_reference() {
 
 case $1 in
 compare)
-    status=0
     for heads in 16 128; do
         for kv in fp8_ds_mla auto; do
             name=compare-h$heads-$kv
@@ -119,7 +126,7 @@ serve)
     serve() {
         "$python" bench/live/serve.py --model-dir "$models/h$heads" --site "$root/ours" \
             --site "$root/deps" --max-num-seqs 8 --out "$results" \
-            --vllm-arg=--kv-cache-dtype --vllm-arg="$kv" --vllm-arg=--block-size --vllm-arg=64 "$@" || true
+            --vllm-arg=--kv-cache-dtype --vllm-arg="$kv" --vllm-arg=--block-size --vllm-arg=64 "$@" || status=1
     }
     serve --name flashmla --vllm-arg=--attention-backend --vllm-arg=FLASHMLA_SPARSE \
         --check "flashmla-serial:--record $ref ${long[*]}"
@@ -129,7 +136,8 @@ serve)
     serve --name ours-gb10-smem --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
         --env SPARKSEAL_SPARSE_MLA_MAX_SMEM=101376 \
         --check "ours-gb10-smem-conc8:--concurrency 8 --against $ref ${long[*]}"
-    grep -h "Using .* backend\|CUSTOM\|sparkseal" "$results"/*.server.log | sort | uniq -c | head -20 || true
+    log_lines "Using .* backend\|CUSTOM\|sparkseal" "$results"/*.server.log | sort | uniq -c | sed -n 1,20p
+    exit $status
     ;;
 gpu-test)
     # The GPU tests of the backend and the kernel, with this staged vLLM (or the test files named after OUT).
@@ -149,7 +157,8 @@ serve-dsv4)
     serve_v4 --name "dsv4-ours-smem$cap" --vllm-arg=--attention-backend --vllm-arg=CUSTOM \
         --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" \
         --check "dsv4-ours-smem$cap:--concurrency 8 --against $v4_ref ${v4_long[*]}"
-    grep -h "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$v4_out"/*.server.log | sort | uniq -c | head -30 || true
+    log_lines "Sparkseal\|sparkseal\|CUSTOM\|Error\|error" "$v4_out"/*.server.log | sort | uniq -c | sed -n 1,30p
+    exit $status
     ;;
 nan-dsv4-dspark)
     # Where a NaN starts (bench/results/vllm_backend.md 5): target and draft through BACKEND (default CUSTOM),
@@ -169,17 +178,18 @@ nan-dsv4-dspark)
     serve_v4 --name "$name" --dspark --draft-attention-backend "$backend" --vllm-arg=--attention-backend \
         --vllm-arg="$backend" --vllm-arg=--enforce-eager "${env[@]}" \
         --check "$name:--speculation required --concurrency $conc --soak $soak ${v4_long[*]}"
-    grep -h "sparkseal debug\|sampler-nan\|seeded-weights\|Error\|error" "$v4_out/$name.server.log" | head -60 || true
+    log_lines "sparkseal debug\|sampler-nan\|seeded-weights\|Error\|error" "$v4_out/$name.server.log" | sed -n 1,60p
     dumps=("$v4_out/$name-dumps"/*.pt)
     if [ -e "${dumps[0]}" ]; then
-        "$python" bench/vllm_backend/replay_nan.py "${dumps[@]}" 2>&1 | tail -80 || true
+        "$python" bench/vllm_backend/replay_nan.py "${dumps[@]}" 2>&1 | tail -80 || status=1
     fi
-    "$python" - "$v4_out/$name.json" <<'PY' || true
+    "$python" - "$v4_out/$name.json" <<'PY' || status=1
 import json, sys
 report = json.load(open(sys.argv[1]))
 for step in report["steps"]:
     print(step["name"], step.get("ok"), json.dumps(step.get("details", step))[:400])
 PY
+    exit $status
     ;;
 serve-dsv4-dspark)
     # The same target with its DSpark draft (model_dsv4.py --dspark: V4 decoder layers after the target's).
@@ -205,8 +215,7 @@ serve-dsv4-dspark)
         --check "$name-c1:--speculation required --against $v4_ref ${v4_long[*]}" \
         --check "$name-c8:--speculation required --concurrency 8 --against $v4_ref ${v4_long[*]}"
     log=$v4_out/$name.server.log
-    grep -h "Sparkseal\|sparkseal\|CUSTOM\|DSpark\|Error\|error" "$log" | sort | uniq -c | head -30 || true
-    status=0
+    log_lines "Sparkseal\|sparkseal\|CUSTOM\|DSpark\|Error\|error" "$log" | sort | uniq -c | sed -n 1,30p
     # Our class announces itself once for the target's layers and once more for the draft's; each must,
     # where that side was given CUSTOM.
     announced() {

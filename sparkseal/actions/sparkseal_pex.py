@@ -182,11 +182,15 @@ def pex_command(
 
 
 def pex_environment(pex_path: Path, scratch: Path) -> dict[str, str]:
-    """A fixed environment: nothing of the caller's PEX_*, PIP_* or HOME reaches pex."""
+    """A fixed environment: nothing of the caller's PEX_*, PIP_* or HOME reaches pex.
+
+    ``PATH`` is an empty folder of the scratch directory: pex runs by absolute path and starts its own
+    processes with ``sys.executable``, so no program of the host's ``/usr/bin`` or ``/bin`` can be found.
+    """
     return {
         "HOME": str(scratch / "home"),
         "LC_ALL": "C.UTF-8",
-        "PATH": "/usr/bin:/bin",
+        "PATH": str(scratch / "bin"),
         "PEX_IGNORE_RCFILES": "true",
         "PEX_ROOT": str(scratch / "pex_root"),
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -249,7 +253,7 @@ def build_pex(
         out.rmdir()
     with tempfile.TemporaryDirectory(prefix="sparkseal-pex-") as tmp:
         scratch = Path(tmp).absolute()
-        for sub in ("home", "tmp", "pex_root"):
+        for sub in ("home", "tmp", "pex_root", "bin"):
             (scratch / sub).mkdir()
         pex_path = unpack_pex_wheel(pex_wheel, scratch / "pex_dist")
         staged = stage_wheels(ordered, scratch / "wheels")

@@ -11,7 +11,8 @@ Nothing here writes a member anywhere: each regular member is handed out as a st
 the caller decides where its bytes go (the scan writes them below a private scratch directory under a
 name of its own, so an absolute member path or one with ``..`` is only ever a label). A tar's links,
 directories and devices are skipped, never followed; a zip member flagged as a link is handed out like any
-other, since its bytes are data to an unzip that ignores the flag. A tar is read whole (what follows its
+other, since its bytes are data to an unzip that ignores the flag; a .deb's members besides its data.tar
+(the control tar of its maintainer scripts) are handed out whole. A tar is read whole (what follows its
 reader's end must be zeros), its headers judged before they are read (:data:`MAX_HEADER_BYTES`), and
 entries are counted per archive and per scan (:data:`MAX_MEMBERS`, :data:`MAX_SCAN_MEMBERS`).
 An archive that would unpack to more than :data:`MAX_UNPACKED_BYTES`, or (past :data:`RATIO_FROM_BYTES`)
@@ -317,7 +318,7 @@ class _TarState:
 
     shown: str
     kind: ArchiveKind
-    budget: Budget
+    budget: Budget | None  # None: entries are numbered but not counted against a member limit
     entries: int = 0
     pending: int = 0
     globals: int = 0
@@ -362,7 +363,8 @@ def _bounded_tarinfo(state: _TarState) -> type[tarfile.TarInfo]:
                     f"{position}{where}): a GNU sparse member, whose map is read without a bound"
                 )
             state.entries, state.pending = position, 0
-            _enter(state.shown, state.budget, position, where)
+            if state.budget is not None:
+                _enter(state.shown, state.budget, position, where)
             return super()._proc_member(tar)  # type: ignore[misc]
 
         def _proc_gnusparse_10(self, *_args: object) -> None:
@@ -373,6 +375,28 @@ def _bounded_tarinfo(state: _TarState) -> type[tarfile.TarInfo]:
             )
 
     return Bounded
+
+
+def open_tar(
+    shown: str,
+    fileobj: IO[bytes] | None = None,
+    *,
+    path: Path | None = None,
+    mode: str = "r|*",
+    kind: ArchiveKind = _TAR_KINDS[""],
+    budget: Budget | None = None,
+) -> tarfile.TarFile:
+    """A reader of a tar that anyone may have written (``fileobj``, or the file at ``path``), bounded.
+
+    Every reader of untrusted tar bytes opens them here, never with ``tarfile.open`` itself: Python's
+    reader would read a pax path or GNU long name whole at whatever size its header states (a 0.5 MB
+    ``.tar.gz`` can state 2 GiB), so each header is judged first (:data:`MAX_HEADER_BYTES`), and with a
+    ``budget`` each entry is counted (:data:`MAX_MEMBERS`; the reader keeps every header it has read).
+    A refusal is an :class:`ArchiveError` naming ``shown``, the member's position and the limit; it may
+    come from this call (the reader reads the first header at once) or from any later read.
+    """
+    state = _TarState(shown, kind, budget)
+    return tarfile.open(name=path, fileobj=fileobj, mode=mode, tarinfo=_bounded_tarinfo(state))
 
 
 class _Counted(io.RawIOBase):
@@ -438,9 +462,8 @@ def _tar_members(
     """
     source, errors = _decompressed(raw, shown, kind, compression)
     counted = _Counted(source)
-    state = _TarState(shown, kind, budget)
     try:
-        tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_bounded_tarinfo(state))  # noqa: SIM115
+        tar = open_tar(shown, counted, mode="r|", kind=kind, budget=budget)
     except errors as error:
         raise _unreadable(shown, kind, error) from error
     unpacked = 0
@@ -499,10 +522,14 @@ _DRAIN = 1 << 20
 
 
 def _deb_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> Iterator[Member]:
-    """The members of a .deb's data.tar, streamed from the .deb on disk (its ar headers read first).
+    """The members of a .deb's data.tar, and its other ar members as they are, streamed from the .deb on
+    disk (its ar headers read first), in archive order.
 
-    The rootfs builder's reader is not used: it reads the .deb and decompresses a whole member in memory
-    with no limit, where the scan must refuse a bomb before unpacking it, and it does not read zstd.
+    The other members are handed out whole: the control tar (``control.tar.gz``: maintainer scripts
+    that run as root at install) is opened by the caller like any nested archive, by its name, and
+    anything else is scanned as its bytes. The rootfs builder's reader is not used: it reads the .deb and
+    decompresses a whole member in memory with no limit, where the scan must refuse a bomb before
+    unpacking it, and it does not read zstd.
     """
     try:
         with path.open("rb") as raw:
@@ -513,14 +540,20 @@ def _deb_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> I
                     f"{shown}: expected {kind.description}, cannot read it: expected one member of "
                     f"{', '.join(_DEB_DATA)}, found {data or 'none'} among {sorted(listed)}"
                 )
-            offset, size = listed[data[0]]
-            raw.seek(offset)
-            compression = _DEB_DATA[data[0]]
-            tar = ArchiveKind(
-                f"a Debian package whose {data[0]} is {_TAR_KINDS[compression].description}", "tar"
-            )
-            content = _Window(raw, size)
-            yield from _tar_members(content, size, shown, tar, compression, budget)  # type: ignore[arg-type]
+            packed = path.stat().st_size
+            for name, (offset, size) in listed.items():
+                raw.seek(offset)
+                if name != data[0]:
+                    _admit(shown, packed, size, budget, size, f"its member {name}")
+                    budget.used += size
+                    yield Member(name, size, _Window(raw, size))  # type: ignore[arg-type]
+                    continue
+                compression = _DEB_DATA[name]
+                tar = ArchiveKind(
+                    f"a Debian package whose {name} is {_TAR_KINDS[compression].description}", "tar"
+                )
+                content = _Window(raw, size)
+                yield from _tar_members(content, size, shown, tar, compression, budget)  # type: ignore[arg-type]
     except OSError as error:
         raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: {error}") from error
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkseal.core import platforms
+from sparkseal.core.archives import ArchiveError, open_tar
 from sparkseal.core.files import write_atomically
 from sparkseal.core.wheels import (
     GLIBC,
@@ -296,7 +297,7 @@ def extract_vllm_requirements(sdist: Path, version: str, directory: Path) -> Pat
     prefix = f"vllm-{version}/{VLLM_REQUIREMENTS_DIR}/"
     found = []
     try:
-        with tarfile.open(sdist, "r:*") as tar:
+        with open_tar(str(sdist), path=sdist, mode="r:*") as tar:
             for member in tar.getmembers():
                 rest = member.name.removeprefix(prefix)
                 if (
@@ -312,7 +313,7 @@ def extract_vllm_requirements(sdist: Path, version: str, directory: Path) -> Pat
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(source.read())
                     found.append(rest)
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, ArchiveError) as exc:
         raise LockError(f"{sdist}: cannot read {prefix}*.txt: {exc}") from exc
     if VLLM_ROOT_REQUIREMENTS not in found:
         raise LockError(f"{sdist}: {prefix}{VLLM_ROOT_REQUIREMENTS} is missing (found {sorted(found)})")

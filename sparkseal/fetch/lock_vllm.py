@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkseal.core.archives import ArchiveError, open_tar
 from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
 from sparkseal.core.files import write_atomically
 from sparkseal.core.patchset import PatchError, apply_patch, read_series
@@ -76,7 +77,7 @@ def read_version_file(sdist: Path, top: str) -> tuple[str, str]:
     """Return ``(member name, text)`` of ``<top>/vllm/_version.py`` in the sdist tarball."""
     name = f"{top}/{PROJECT}/_version.py"
     try:
-        with tarfile.open(sdist, "r:*") as tar:
+        with open_tar(str(sdist), path=sdist, mode="r:*") as tar:
             source = tar.extractfile(name)
             if source is None:
                 raise LockError(f"{sdist}: {name} is not a regular file")
@@ -84,7 +85,7 @@ def read_version_file(sdist: Path, top: str) -> tuple[str, str]:
                 return name, source.read().decode("utf-8")
     except KeyError as exc:
         raise LockError(f"{sdist}: {name} is missing") from exc
-    except (tarfile.TarError, UnicodeDecodeError) as exc:
+    except (tarfile.TarError, ArchiveError, UnicodeDecodeError) as exc:
         raise LockError(f"{sdist}: cannot read {name}: {exc}") from exc
 
 

@@ -58,6 +58,7 @@ from sparkseal.core.archives import (
     Tally,
     archive_kind,
     members,
+    open_tar,
 )
 from sparkseal.core.oci import LayoutError, blob_path, layer_tar
 from sparkseal.core.secret_rules import (
@@ -194,14 +195,17 @@ _INDEX_TYPES = {
 class _Source:
     """An OCI layout as a directory or as a tar archive: read a file by its path inside the layout."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tally: Tally) -> None:
         self.path = path
         self.tar: tarfile.TarFile | None = None
         self.members: dict[str, tarfile.TarInfo] = {}
         if not path.is_dir():
             try:
-                self.tar = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by close()
+                # closed by close(); its headers bounded and its entries counted like any archive's
+                self.tar = open_tar(str(path), path=path, mode="r:*", budget=Budget(scan=tally))
                 self.members = {_member_path(m.name): m for m in self.tar.getmembers() if m.isfile()}
+            except ArchiveError as error:
+                raise ScanInputError(str(error)) from error
             except (OSError, tarfile.TarError) as error:
                 raise ScanInputError(
                     f"{path}: expected an OCI layout directory or an image archive: {error}"
@@ -358,15 +362,26 @@ class _CatalogueBatches:
         return self.findings
 
 
-def scan_layer_stream(stream: IO[bytes], layer: str, catalogue: Catalogue) -> tuple[int, list[Finding]]:
+def scan_layer_stream(
+    stream: IO[bytes],
+    layer: str,
+    catalogue: Catalogue,
+    shown: str | None = None,
+    budget: Budget | None = None,
+) -> tuple[int, list[Finding]]:
     """Scan every regular file of one layer tar (any compression), streamed; return (files, findings).
 
-    Our rules read each member's scratch copy, which the catalogue then reads in its batch.
+    Our rules read each member's scratch copy, which the catalogue then reads in its batch. The tar is
+    read through :func:`open_tar` (named ``shown`` in its refusals, by default "layer LAYER"): a layer
+    is as untrusted as any archive under PATH, its headers bounded and its entries counted against
+    ``budget`` (by default its own).
     """
+    shown = f"layer {layer}" if shown is None else shown
+    budget = Budget() if budget is None else budget
     files, findings = 0, []
     with tempfile.TemporaryDirectory(prefix="sparkseal-layer-scan-") as scratch:
         batches = _CatalogueBatches(catalogue, layer, Path(scratch))
-        with tarfile.open(fileobj=layer_tar(stream), mode="r|*") as tar:
+        with open_tar(shown, layer_tar(stream), budget=budget) as tar:
             for member in tar:
                 name = _member_path(member.name)
                 if not member.isfile() or PurePosixPath(name).name.startswith(".wh."):
@@ -514,14 +529,19 @@ def scan_paths(files: Iterable[tuple[Path, str]], catalogue: Catalogue) -> Scann
 
 def scan_image(path: Path, catalogue: Catalogue) -> tuple[int, list[Finding]]:
     """Scan every regular file of every layer, streaming the tars; return (files scanned, findings)."""
-    source = _Source(path)
+    tally = Tally()  # archive entries over the image archive and all its layers (MAX_SCAN_MEMBERS)
+    source = _Source(path, tally)
     files, findings = 0, []
     try:
         for layer_id, blob in image_layers(source):
             short = layer_id[:19] if layer_id.startswith("sha256:") else layer_id
             with source.open(blob) as stream:
                 try:
-                    layer_files, layer_findings = scan_layer_stream(stream, short, catalogue)
+                    layer_files, layer_findings = scan_layer_stream(
+                        stream, short, catalogue, f"{path}: layer {layer_id}", Budget(scan=tally)
+                    )
+                except ArchiveError as error:
+                    raise ScanInputError(str(error)) from error
                 except tarfile.TarError as error:
                     raise ScanInputError(
                         f"{path}: layer {layer_id} is not a readable tar: {error}"

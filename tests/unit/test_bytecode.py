@@ -92,9 +92,12 @@ def test_installed_sources_get_unchecked_hash_pycs_named_by_image_path_and_recor
     assert keys == sorted(keys)
     assert "beta/__pycache__/__init__.cpython-311.pyc" in _record(site, "beta-2.0.dist-info")
 
-    for path in site.rglob("__pycache__/*.pyc"):
-        info = path.stat()
-        assert (stat.S_IMODE(info.st_mode), int(info.st_mtime)) == (0o644, SOURCE_DATE_EPOCH)
+    # Every .pyc written, by name: a loop over the glob would pass over none.
+    stamps = {
+        path.relative_to(site).as_posix(): (stat.S_IMODE(path.stat().st_mode), int(path.stat().st_mtime))
+        for path in site.rglob("__pycache__/*.pyc")
+    }
+    assert stamps == dict.fromkeys(pycs, (0o644, SOURCE_DATE_EPOCH))
 
     # The module manifest files them under their distribution.
     files = manifest.tree_manifest(out, "/opt/venv")["distributions"]["alpha"]["files"]

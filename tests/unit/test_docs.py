@@ -14,6 +14,7 @@ every ``--config`` is in ``.bazelrc``. No Bazel runs: the labels are read from t
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import subprocess
 import sys
@@ -202,6 +203,36 @@ def label_problem(root: Path, label: str) -> str | None:
     return f"{label}: {build.relative_to(root)} declares no target {name!r}"
 
 
+def path_problems(root: Path, code: str) -> list[str]:
+    """Why a repository path among the words of ``code`` names nothing: it does not exist, or its first
+    folder is a misspelling of one of :data:`PATH_ROOTS` (``test/unit/x.py``, ``sparksel/cli.py``).
+
+    A path alone is read whole; in a longer span or a command, every word that names a file (``pytest
+    tests/unit/test_x.py``) or a folder ending in ``/``: a name like the registry repository
+    ``sparkseal/vllm`` in a message is no path. A ``--flag=`` before a path, a ``:LINE`` or ``::test``
+    after it, quotes and trailing punctuation are not part of it. Paths of other trees (``vllm/v1/...``,
+    ``/usr/bin``) and placeholders are left alone.
+    """
+    problems = []
+    words = code.split()
+    for word in words:
+        path = re.sub(r"^--?[\w-]+=", "", word.strip("\"'()[]")).rstrip(".,:;")
+        path = re.sub(r"(?:::\S*|:\d+(?::\d+)?)$", "", path)
+        if "/" not in path or path.startswith("/") or "://" in path or PLACEHOLDER.search(path):
+            continue
+        if len(words) > 1 and not path.endswith("/") and "." not in path.rsplit("/", 1)[-1]:
+            continue
+        first = path.split("/")[0]
+        if first in PATH_ROOTS:
+            if not (root / path).exists():
+                problems.append(f"{path} does not exist")
+        elif first and not (root / first).exists():
+            close = difflib.get_close_matches(first, PATH_ROOTS, n=1, cutoff=0.8)
+            if close:
+                problems.append(f"{path} does not exist: no folder {first}/ (did you mean {close[0]}/?)")
+    return problems
+
+
 def check(root: Path, names: list[str]) -> Findings:
     """Everything the pages ``names`` of ``root`` link to and name, checked without running a command."""
     findings = Findings()
@@ -228,10 +259,7 @@ def check(root: Path, names: list[str]) -> Findings:
         codes = [(line, code, False) for line, code in page.spans]
         codes += [(line, code, True) for line, code in page.code_lines]
         for line, code, fenced in codes:
-            if not fenced and "/" in code and " " not in code and not PLACEHOLDER.search(code):
-                path = code.rstrip(".,:;")
-                if path.split("/")[0] in PATH_ROOTS and not (root / path).exists():
-                    findings.problems.append(f"{name}:{line}: {path} does not exist")
+            findings.problems += [f"{name}:{line}: {problem}" for problem in path_problems(root, code)]
             for config in re.findall(r"--config=([\w-]+)", code):
                 if config not in configs:
                     findings.problems.append(f"{name}:{line}: --config={config} is not in .bazelrc")
@@ -292,6 +320,11 @@ def _sparkseal(findings: Findings, tree: dict[str, dict], words: list[str], wher
     if not path:
         findings.problems.append(f"{where}: sparkseal {words[0]}: no such command")
         return
+    following = words[len(path)] if len(words) > len(path) else ""
+    if set(node) - {OPTIONS} and re.fullmatch(r"[a-z][a-z-]*", following):
+        # A command with subcommands takes one next: a plain word there is a misspelt one.
+        findings.problems.append(f"{where}: sparkseal {' '.join([*path, following])}: no such command")
+        return
     findings.commands.setdefault(("-m", "sparkseal", *path, "--help"), where)
     # Every option written after the command is one it accepts (`[--json]` and `--key=VALUE` alike).
     for word in words[len(path) :]:
@@ -340,6 +373,8 @@ def planted(tmp_path: Path) -> Path:
     (tmp_path / "docs").mkdir()
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "here.py").write_text("")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "x.py").write_text("")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "BUILD").write_text('[thing(name = "tool_" + platform) for platform in PLATFORMS]\n')
     (tmp_path / "Makefile").write_text("image: setup\n\tbazel build //:image\n")
@@ -349,6 +384,8 @@ def planted(tmp_path: Path) -> Path:
         "See [good](docs/a.md#real-heading), [gone](docs/missing.md) and [bad](docs/a.md#no-heading),\n"
         "[here](#title), [not here](#nowhere) and [the web](https://example.org/x#y).\n\n"
         "`tests/here.py`, `tests/gone.py`, `tests/<kind>/x.py` and `make image`.\n"
+        "Misspelt: `sparksel/cli.py`, `pytest test/here.py -q` and `pytest tests/gone.py::t`; "
+        "`vllm/v1/x.py` is upstream's.\n"
     )
     (tmp_path / "docs" / "a.md").write_text(
         "# A page\n\n## Real heading\n\n"
@@ -356,6 +393,7 @@ def planted(tmp_path: Path) -> Path:
         "sparkseal provenance check P.json   # a comment: sparkseal nothing-here\n"
         "sparkseal no-such-command --json\n"
         "sparkseal provenance check P.json [--json] --no-such-option=1\n"
+        "sparkseal provenance chek P.json\n"
         "$run --entrypoint sparkseal $img live-check http://x --wait 9 --no-wait\n"
         "FOO=1 python3 bench/x.py --flag \\\n    --more\n"
         "python3 -m sparkseal.fetch.lock_wheels && make nope\n"
@@ -375,18 +413,22 @@ def test_a_planted_break_of_each_kind_is_named(planted: Path) -> None:
         "README.md:3: link to docs/a.md#no-heading: docs/a.md has no heading #no-heading",
         "README.md:4: link to #nowhere: README.md has no heading #nowhere",
         "README.md:6: tests/gone.py does not exist",
+        "README.md:7: sparksel/cli.py does not exist: no folder sparksel/ (did you mean sparkseal/?)",
+        "README.md:7: test/here.py does not exist: no folder test/ (did you mean tests/?)",
+        "README.md:7: tests/gone.py does not exist",
         "docs/a.md:7: sparkseal no-such-command: no such command",
         "docs/a.md:8: sparkseal provenance check: no option --no-such-option",
-        "docs/a.md:9: sparkseal live-check: no option --no-wait",
-        "docs/a.md:12: make nope: no such target in the Makefile",
-        "docs/a.md:13: --config=nope is not in .bazelrc",
-        "docs/a.md:13: //pkg:other: pkg/BUILD declares no target 'other'",
-        "docs/a.md:13: //nope:x: no BUILD file in nope",
+        "docs/a.md:9: sparkseal provenance chek: no such command",
+        "docs/a.md:10: sparkseal live-check: no option --no-wait",
+        "docs/a.md:13: make nope: no such target in the Makefile",
+        "docs/a.md:14: --config=nope is not in .bazelrc",
+        "docs/a.md:14: //pkg:other: pkg/BUILD declares no target 'other'",
+        "docs/a.md:14: //nope:x: no BUILD file in nope",
         "README.md: does not link to docs/orphan.md",
     ]
     assert findings.commands == {
         ("-m", "sparkseal", "provenance", "check", "--help"): "docs/a.md:6",
-        ("-m", "sparkseal", "live-check", "--help"): "docs/a.md:9",
-        ("bench/x.py", "--help"): "docs/a.md:10",
-        ("-m", "sparkseal.fetch.lock_wheels", "--help"): "docs/a.md:12",
+        ("-m", "sparkseal", "live-check", "--help"): "docs/a.md:10",
+        ("bench/x.py", "--help"): "docs/a.md:11",
+        ("-m", "sparkseal.fetch.lock_wheels", "--help"): "docs/a.md:13",
     }

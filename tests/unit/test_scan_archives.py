@@ -8,6 +8,7 @@ Secrets are built at run time (tests/secret_samples.py) so that this file itself
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import lzma
@@ -23,7 +24,7 @@ from sparkseal.core import archives
 from sparkseal.scan import scanner as scan
 from sparkseal.scan.catalogue import Catalogue
 from tests.secret_samples import families
-from tests.unit.test_scan import HOME, RULES_NOTE, _cli
+from tests.unit.test_scan import HOME, RULES_NOTE, _cli, _oci_layout
 
 CATALOGUE = Catalogue.find()
 # The PyPI prefix only shapes the PyPI sample, which these tests do not use.
@@ -97,7 +98,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, scan.Report]:
 
 def test_every_archive_is_opened_and_counted(tree: tuple[Path, scan.Report]) -> None:
     root, report = tree
-    assert (report.files, report.archives, report.notes) == (10, 6, [])
+    # the .deb gives 4 files: debian-binary, control.tar.gz's control, data.tar's two
+    assert (report.files, report.archives, report.notes) == (12, 7, [])
     assert _locations(report) == [
         f"{root}/bundle.tar.gz!dist/{WHEEL}!pkg/config.txt:1:{RULE}",
         f"{root}/pkg-1.0-py3-none-any.whl!pkg/config.txt:1:{RULE}",
@@ -390,6 +392,52 @@ def test_extension_headers_are_bounded_in_all_before_one_member(
     )
 
 
+def _long_path_tar(path_bytes: int) -> tuple[bytes, int]:
+    """A tar of a.txt, then a member whose pax header states a path of ``path_bytes``; and that header's size.
+
+    Made at the real limit (:data:`archives.MAX_HEADER_BYTES`): gzip packs the 4 MiB path into a few KB,
+    as a hostile layer would pack hundreds of MB.
+    """
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("a.txt", "d/" * (path_bytes // 2) + "config.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = len(SLACK)
+            tar.addfile(info, io.BytesIO(SLACK))
+    return raw.getvalue(), _header_size(raw.getvalue(), 1024)
+
+
+def _refused(shown: str, stated: int) -> str:
+    return (
+        f"{shown}: refused, not read further: member 2 (its header at byte 1024 of the tar): its pax "
+        f"extended header states {stated} bytes, over the limit of 1048576 bytes (MAX_HEADER_BYTES)"
+    )
+
+
+def test_an_image_layers_tar_headers_are_bounded(tmp_path: Path) -> None:
+    """`scan --image` reads each layer through the same bounded reader as an archive under PATH."""
+    hostile, stated = _long_path_tar(4 << 20)
+    assert stated > archives.MAX_HEADER_BYTES
+    layer = gzip.compress(hostile, mtime=0)
+    assert len(layer) < 64 << 10
+    layout = tmp_path / "layout"
+    _oci_layout(layout, [layer])
+    digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    with pytest.raises(scan.ScanInputError) as caught:
+        scan.run_scan([], layout, None, root=tmp_path)
+    assert str(caught.value) == _refused(f"{layout}: layer {digest}", stated)
+
+
+def test_an_image_archives_own_tar_headers_are_bounded(tmp_path: Path) -> None:
+    """An image given as a tar (OCI or docker archive): its own headers are judged before they are read."""
+    hostile, stated = _long_path_tar(4 << 20)
+    image = tmp_path / "image.tar"
+    image.write_bytes(hostile)
+    with pytest.raises(scan.ScanInputError) as caught:
+        scan.run_scan([], image, None, root=tmp_path)
+    assert str(caught.value) == _refused(str(image), stated)
+
+
 def _empty_tar(count: int, prefix: str = "f") -> bytes:
     return _tar({f"{prefix}{n}": b"" for n in range(count)})
 
@@ -416,10 +464,11 @@ def test_members_per_archive_are_limited(tmp_path: Path, monkeypatch: pytest.Mon
     deb.write_bytes(_deb({f"./usr/share/f{n}": b"" for n in range(5)}))
     with pytest.raises(scan.ScanInputError) as caught:
         _scan(deb)
-    # The ar members count too: debian-binary, control.tar.gz, data.tar.xz, then data.tar's first one.
+    # The ar members count too: debian-binary, control.tar.gz, data.tar.xz, then the control tar's first
+    # one (the control tar is opened first, in archive order, and counts against the .deb's limit).
     assert str(caught.value) == (
-        f"{deb}: refused, not read further: member 1 (its header at byte 0 of the tar) would bring the "
-        "entries of the archive to 4, over the limit of 3 (MAX_MEMBERS)"
+        f"{deb}!control.tar.gz: refused, not read further: member 1 (its header at byte 0 of the tar) would "
+        "bring the entries of the archive to 4, over the limit of 3 (MAX_MEMBERS)"
     )
 
 
@@ -529,6 +578,30 @@ def test_a_deb_is_streamed_not_read_whole(tmp_path: Path, monkeypatch: pytest.Mo
         f"{truncated}: expected a Debian package (an ar archive with a data.tar member), cannot read it: "
         "member 'data.tar.xz' claims "
     )
+
+
+def test_a_debs_control_member_is_scanned_too(tmp_path: Path) -> None:
+    """Its maintainer scripts run as root at install: a .deb's members besides data.tar are scanned, the
+    control tar opened like a nested archive (and any other ar member read as the bytes it is)."""
+    control = gzip.compress(_tar({"./control": b"Package: tool\n", "./postinst": b"#!/bin/sh\n" + SLACK}))
+    data = lzma.compress(_tar({"./usr/bin/tool": b"x"}))
+    deb = tmp_path / "tool_1.0_arm64.deb"
+    deb.write_bytes(
+        _ar(
+            [
+                ("debian-binary", b"2.0\n"),
+                ("control.tar.gz", control),
+                ("data.tar.xz", data),
+                ("_extra", SLACK),
+            ]
+        )
+    )
+    report = _scan(deb)
+    assert _locations(report) == [
+        f"{deb}!_extra:1:{RULE}",
+        f"{deb}!control.tar.gz!postinst:2:{RULE}",
+    ]
+    assert (report.files, report.archives) == (5, 2)  # debian-binary, control, postinst, tool, _extra
 
 
 def test_the_help_says_what_is_read_whole_and_the_limits() -> None:

@@ -133,6 +133,13 @@ def test_pex_info_naming_a_build_path_is_refused(tmp_path: Path) -> None:
         pex_build.check_pex_info(tmp_path, [])
 
 
+def test_pex_runs_with_no_host_folder_on_path(tmp_path: Path) -> None:
+    """pex's PATH is an empty folder of its scratch directory: no host program can be found by name
+    (the builds below prove pex needs none; docs/building.md, "What the build reads from the host")."""
+    env = pex_build.pex_environment(tmp_path / "pex_dist", tmp_path)
+    assert env["PATH"] == str(tmp_path / "bin")
+
+
 # --- building ----------------------------------------------------------------------------------------
 
 
