@@ -77,7 +77,7 @@ def _provenance_impl(ctx):
     args.add("--layer-compression", compression)
     zstd_lock = [ctx.file.zstd_lock] if compression == "zstd" and ctx.file.zstd_lock else []
     if compression == "zstd" and not zstd_lock:
-        fail("sparkseal: %s: zstd layers need zstd_lock (third_party/zstd/zstandard.lock.json)" % ctx.label)
+        fail("sparkseal: %s: zstd layers need zstd_lock (third_party/zstd/zstandard.lock.json)" % label_string(ctx.label))
     args.add_all(zstd_lock, before_each = "--zstd-lock")
     args.add_all(ctx.files.built_wheels, before_each = "--built-wheel")
 

@@ -80,6 +80,7 @@ from sparkseal.core.pgzip import BLOCK_SIZE, DICTIONARY_SIZE, ParallelGzipWriter
 from sparkseal.core.pzstd import BLOCK_SIZE as ZSTD_BLOCK_SIZE
 from sparkseal.core.pzstd import LEVEL as ZSTD_LEVEL
 from sparkseal.core.pzstd import ParallelZstdWriter, ZstdUnavailable, describe, load_zstandard
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.scan import ScanInputError, apply_allowlist, load_allowlist, scan_files
 from sparkseal.core.tar import SYMLINK_MODE, USTAR_ID_LIMIT, Digesting, TarError, TarWriter, Writable
 from sparkseal.core.tree import content_mode
@@ -681,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         for written in (args.blob, args.tar):
             if written is not None:
                 written.unlink(missing_ok=True)
-        print(f"sparkseal: {exc}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     if modules is not None:
         args.modules.write_text(dumps(modules), encoding="ascii")

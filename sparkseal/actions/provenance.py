@@ -72,6 +72,7 @@ from sparkseal.core.locks import (
     read_wheel_lock,
 )
 from sparkseal.core.oci import LAYER_MEDIA_TYPES
+from sparkseal.core.repo_names import apparent_text
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text = dumps(statement(inputs))
     except ProvenanceError as error:
-        print(f"provenance: {error}", file=sys.stderr)
+        print(f"provenance: {apparent_text(str(error))}", file=sys.stderr)
         return 1
     args.out.write_text(text, encoding="ascii")
     return 0

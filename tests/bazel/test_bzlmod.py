@@ -79,6 +79,8 @@ step fixture_build bazel --output_base={fixture_base} build --config=bzlmod --sy
 step fixture_bin bazel --output_base={fixture_base} info --config=bzlmod bazel-bin
 cp MODULE.twice MODULE.bazel
 step fixture_twice bazel --output_base={fixture_base} query --config=bzlmod //third_party/vllm:all
+cp MODULE.broken MODULE.bazel
+step fixture_broken bazel --output_base={fixture_base} query --config=bzlmod //third_party/vllm:all
 cd {real}
 step real_build bazel --output_base={real_base} build {target}
 step real_bin bazel --output_base={real_base} info bazel-bin
@@ -122,6 +124,12 @@ def _fixture(root: Path, cache: Path) -> None:
         "wheels": {p: {"filename": f, "sha256": digests[f]} for p, f in FIXTURE_WHEELS.items()},
     }
     (root / "third_party/vllm/vllm.lock.json").write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    # The same with a lock that has no sdist, for an error that names the lock.
+    (root / "third_party/vllm/broken.lock.json").write_text('{"name": "vllm"}\n')
+    locked = 'lock = "//third_party/vllm:vllm.lock.json"'
+    broken = FIXTURE_MODULE_TAGS.replace(locked, 'lock = "//third_party/vllm:broken.lock.json"')
+    assert broken != FIXTURE_MODULE_TAGS, f"FIXTURE_MODULE_TAGS: expected {locked}"
+    (root / "MODULE.broken").write_text(fixture_module(tags=broken))
     make_patch(root / "patches/vllm/0001-fix.patch", PATCH)
     (root / "patches/vllm/series").write_text("0001-fix.patch\n")
     (root / "overlay/vllm/vllm").mkdir(parents=True)
@@ -217,6 +225,13 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
             """sparkseal: the repository "vllm_lock" is declared twice in MODULE.bazel's sparkseal tags"""
             in twice
         )
+        # An error names the lock as MODULE.bazel writes it, not in Bazel 7's canonical spelling
+        # (`@@//third_party/...`, `@@_main~sparkseal~name`): rules/private/common.bzl's label_string.
+        broken = steps.output("fixture_broken")
+        assert steps.code("fixture_broken") != "0", broken
+        assert (
+            'sparkseal: //third_party/vllm:broken.lock.json: missing lock entry "sdist.filename"' in broken
+        ), broken
 
         # The repository itself, with no --config at all: what a new user of Bazel 7.7.1 runs.
         built = steps.ok("real_build")
