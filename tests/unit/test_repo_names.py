@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -124,4 +125,60 @@ def test_the_starlark_twin_gives_the_same_names(tmp_path: Path) -> None:
     pairs = [line.split("\t") for line in written.splitlines()]
     assert pairs == [[name, apparent] for name, apparent in NAMES.items()] + [
         ["label", "@bazel_tools//tools/build_defs:x"]
+    ]
+
+
+# --- fail() texts name labels and repositories as the user wrote them ---
+
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+# A label or a repository name printed as Bazel spells it: str(label) is `@@//pkg:x` from Bazel 7 on,
+# `rctx.name` the canonical `_main~sparkseal~x` under bzlmod.
+_RAW = re.compile(r"\b(?:\w+\.)*label\b(?![.\w])|\brctx\.name\b|\brctx\.attr\.lock\b|\bstr\(")
+_WRAPPERS = ("label_string(", "apparent_repo_name(")
+
+
+def _calls(text: str, name: str) -> list[tuple[int, str]]:
+    """(line, arguments with string literals blanked) of every call of ``name`` in Starlark ``text``."""
+    code = _STRING.sub('""', text)
+    found = []
+    for match in re.finditer(rf"(?<![\w.]){name}\(", code):
+        depth, end = 1, match.end()
+        while depth and end < len(code):
+            depth += {"(": 1, ")": -1}.get(code[end], 0)
+            end += 1
+        found.append((code.count("\n", 0, match.start()) + 1, code[match.end() : end - 1]))
+    return found
+
+
+def raw_names_in_fail_texts(files: dict[str, str]) -> list[str]:
+    """``path:line: expression`` for every label or repository name a fail() prints unconverted."""
+    offenders = []
+    for path, text in sorted(files.items()):
+        for line, arguments in _calls(text, "fail"):
+            for raw in _RAW.finditer(arguments):
+                if not arguments[: raw.start()].endswith(_WRAPPERS):
+                    offenders.append(f"{path}:{line}: {raw.group(0)}")
+    return offenders
+
+
+def test_fail_texts_print_labels_through_label_string() -> None:
+    files = {str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "rules").rglob("*.bzl"))}
+    assert raw_names_in_fail_texts(files) == []
+
+
+def test_the_fail_text_check_names_a_raw_label() -> None:
+    planted = {
+        "rules/private/x.bzl": (
+            'def f(ctx, rctx):\n    fail("sparkseal: %s (while fetching @%s)" % (\n        ctx.label,\n'
+            "        rctx.name,\n    ))\n"
+            '    fail("sparkseal: %s: %s" % (label_string(ctx.attr.src.label),\n'
+            "        apparent_repo_name(rctx.name)))\n"
+            '    fail("sparkseal: %s: (str(x))" % str(rctx.attr.lock))\n'
+        )
+    }
+    assert raw_names_in_fail_texts(planted) == [
+        "rules/private/x.bzl:2: ctx.label",
+        "rules/private/x.bzl:2: rctx.name",
+        "rules/private/x.bzl:8: str(",
+        "rules/private/x.bzl:8: rctx.attr.lock",
     ]
