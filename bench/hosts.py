@@ -13,9 +13,12 @@ timed: the Debian packages by their locked archive paths, the wheels from the pi
 package registries fill; ``--base-layers`` builds only the Debian base layer of each image
 (``//:layer_base_<platform>``, the layer whose .debs a non-bookworm host could not fetch before).
 The table gives each top-level artifact's sha256 from each host. The provenance differs by
-design: its builder records the Bazel release. The action comparison pairs every action of the first
-host's log with each other's by mnemonic and outputs (Bazel 7 names its exec configuration differently, so
-``bazel-out/<config>/`` is cut from paths) and counts those whose inputs (path and digest) differ.
+design: its record of the Bazel that ran says what each Bazel's Starlark tells (< 6.2 on 4.2.3, >= 6.2 on
+7.7.1). The action comparison pairs every action of the first host's log with each other's by mnemonic and
+outputs and counts those whose inputs (path and digest) differ. Paths are compared as WORKSPACE mode names
+them: Bazel 7 names its exec configuration differently, so ``bazel-out/<config>/`` is cut from paths, and
+bzlmod's canonical repository names (``external/_main~sparkseal~python_deps/...``) are read as the apparent
+ones (``external/python_deps/...``, ``sparkseal.core.repo_names``), so external inputs are compared too.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the sid-root runner of the test harness
 
+from sparkseal.core.repo_names import apparent_text  # noqa: E402
 from sparkseal.fetch.index import index_url  # noqa: E402
 from tests.bazel_util import copy_checkout, remove_tree  # noqa: E402
 from tests.sid_root import SID_ROOT, available, run_in_sid  # noqa: E402
@@ -59,6 +63,9 @@ ARTIFACTS = [
     )
 ]
 _CONFIG = re.compile(r"bazel-out/[^/]+/")
+# The main repository's runfiles directory: `_main` under bzlmod, the workspace's name in WORKSPACE mode.
+_MAIN_RUNFILES = re.compile(r"\.runfiles/_main/")
+WORKSPACE_NAME = "sparkseal"
 # Inputs Bazel writes that list paths, configuration directories among them.
 BAZEL_PATH_LISTS = (".params", "MANIFEST", "_repo_mapping")
 
@@ -75,16 +82,24 @@ def digest(bin_dir: Path, rel: str, kind: str) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def workspace_path(path: str) -> str:
+    """``path`` as WORKSPACE mode names it: no configuration directory, apparent repository names, the
+    main repository's runfiles under the workspace's name."""
+    path = apparent_text(_CONFIG.sub("bazel-out/", path))
+    return _MAIN_RUNFILES.sub(f".runfiles/{WORKSPACE_NAME}/", path)
+
+
 def spawns(log: Path) -> dict[tuple[str, tuple[str, ...]], dict[str, str]]:
-    """(mnemonic, outputs) -> {input path: digest} of every spawn of a JSON execution log."""
+    """(mnemonic, outputs) -> {input path: digest} of every spawn of a JSON execution log, each path as
+    :func:`workspace_path` writes it."""
     text, decoder, index, found = log.read_text(), json.JSONDecoder(), 0, {}
     while index < len(text):
         if text[index].isspace():
             index += 1
             continue
         spawn, index = decoder.raw_decode(text, index)
-        outputs = tuple(sorted(_CONFIG.sub("bazel-out/", o["path"]) for o in spawn.get("actualOutputs", [])))
-        inputs = {_CONFIG.sub("bazel-out/", i["path"]): i["digest"]["hash"] for i in spawn.get("inputs", [])}
+        outputs = tuple(sorted(workspace_path(o["path"]) for o in spawn.get("actualOutputs", [])))
+        inputs = {workspace_path(i["path"]): i["digest"]["hash"] for i in spawn.get("inputs", [])}
         found[(spawn.get("mnemonic", ""), outputs)] = inputs
     return found
 
@@ -141,19 +156,26 @@ def cache_flags(scratch: Path, host: str, cold: bool) -> list[str]:
     return [f"--repository_cache={cache}", f"--repo_env=SPARKSEAL_REPOSITORY_CACHE={cache}"]
 
 
+def without_bazel_record(statement: dict) -> str:
+    """The sha256 of a provenance statement with what it records of the Bazel that ran blanked (its
+    ``internalParameters.bazel`` and any release its builder names), which hosts record differently by
+    design."""
+    predicate = statement["predicate"]
+    predicate["buildDefinition"]["internalParameters"].pop("bazel", None)
+    predicate["runDetails"]["builder"]["version"].pop("bazel", None)
+    return hashlib.sha256(json.dumps(statement, sort_keys=True).encode()).hexdigest()
+
+
 def collect(bin_dir: Path, platforms: tuple[str, ...]) -> dict[str, str]:
     """what -> sha256 of every top-level artifact of ``platforms``; for each provenance also
-    ``what (without the Bazel release)``: the sha256 of the statement with the builder's Bazel release
-    blanked, which the two hosts record differently by design."""
+    ``what (without the Bazel record)``: :func:`without_bazel_record`."""
     if BASE_ONLY["value"]:
         return {what: digest(bin_dir, rel, kind) for p, what, rel, kind in BASE_LAYERS if p in platforms}
     found = {what: digest(bin_dir, rel, kind) for p, what, rel, kind in ARTIFACTS if p in platforms}
     for p, what, rel, _ in ARTIFACTS:
         if p in platforms and what.startswith("provenance"):
             statement = json.loads((bin_dir / rel).read_text())
-            statement["predicate"]["runDetails"]["builder"]["version"]["bazel"] = ""
-            text = json.dumps(statement, sort_keys=True).encode()
-            found[f"{what} (without the Bazel release)"] = hashlib.sha256(text).hexdigest()
+            found[f"{what} (without the Bazel record)"] = without_bazel_record(statement)
     return found
 
 
@@ -289,15 +311,17 @@ def main() -> int:
             []
             if args.base_layers
             else [
-                'The provenance records the Bazel release (4.2.3 against 7.7.1) by design; the row "without '
-                'the Bazel release" compares the statements with that field blanked.',
+                "The provenance records what each Bazel tells of itself by design (no release reported, "
+                '< 6.2 inferred on 4.2.3, >= 6.2 on 7.7.1); the row "without the Bazel record" compares the '
+                "statements with that record blanked.",
                 "",
             ]
         ),
-        "Actions paired by mnemonic and outputs across the execution logs. Bazel 4.2.3 and 7.7.1 write their "
-        "logs differently (7.7.1 lists a tool's runfiles as inputs, 4.2.3 a runfiles middleman; exec "
-        "configuration names differ), so a pair across releases differs in its inputs' paths whatever the "
-        "host; the artifacts above are the comparison.",
+        "Actions paired by mnemonic and outputs across the execution logs, paths as WORKSPACE mode names "
+        "them (bzlmod's canonical repository names read as the apparent ones, so external inputs pair up). "
+        "Bazel 4.2.3 and 7.7.1 write their logs differently (7.7.1 lists a tool's runfiles as inputs, "
+        "4.2.3 a runfiles middleman; exec configuration names differ), so a pair across releases differs in "
+        "its inputs' paths whatever the host; the artifacts above are the comparison.",
         "",
         *comparisons,
     ]

@@ -22,6 +22,7 @@ Targets: `:cuda` (all toolkit files), `:nvcc`, `:cmake`, `:cmake_files`, `:ninja
 their directories are the toolkit root and the import root.
 """
 
+load(":common.bzl", "apparent_repo_name", "label_string")
 load(":platforms.bzl", "HOST_PLATFORMS", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
@@ -46,7 +47,7 @@ def _locked(rctx, lock, project, platform):
     entry = files.get(platform)
     if type(entry) != "dict" or type(entry.get("filename")) != "string" or type(entry.get("sha256")) != "string":
         fail("sparkseal: %s: expected a wheel of %r for %r (wheels.%s.files.%s.{filename,sha256}), got %r" % (
-            rctx.attr.lock,
+            label_string(rctx.attr.lock),
             project,
             platform,
             project,
@@ -99,7 +100,7 @@ def _cuda_toolkit_impl(rctx):
         result = rctx.execute(["test", "-x", tool])
         if result.return_code != 0:
             fail("sparkseal: cuda_toolkit %s: %s is not executable after unpacking the locked wheels" % (
-                rctx.name,
+                apparent_repo_name(rctx.name),
                 tool,
             ))
     rctx.file("cuda/toolkit.json", json.encode_indent({"host": host, "wheels": used}) + "\n")

@@ -23,7 +23,7 @@ with `rootfs` unpacks the .debs in its own action instead of reading that tree, 
 write (or upload to a remote cache) the unpacked base OS beside its layer.
 """
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "apparent_repo_name", "label_string", "tool")
 load(
     ":pypi_download.bzl",
     "REPOSITORY_CACHE_ENV",
@@ -54,39 +54,39 @@ DebianRootfsInfo = provider(
 def _entries(rctx, lock):
     packages = lock.get("packages") if type(lock) == "dict" else None
     if type(packages) != "list" or not packages:
-        fail("sparkseal: %s: expected a non-empty list `packages`, got %r" % (rctx.attr.lock, packages))
+        fail("sparkseal: %s: expected a non-empty list `packages`, got %r" % (label_string(rctx.attr.lock), packages))
     if lock.get("format") != 2:
         fail(("sparkseal: %s: expected lock format 2 (each package with its archive and path), actual %r: " +
-              "add them with `sparkseal lock debian --keep-versions`") % (rctx.attr.lock, lock.get("format")))
+              "add them with `sparkseal lock debian --keep-versions`") % (label_string(rctx.attr.lock), lock.get("format")))
     names = {}
     for entry in packages:
         for key in ["package", "version", "architecture", "filename", "sha256", "archive", "path"]:
             if type(entry.get(key)) != "string" or not entry[key]:
-                fail("sparkseal: %s: package entry %r: expected a non-empty string %r" % (rctx.attr.lock, entry, key))
+                fail("sparkseal: %s: package entry %r: expected a non-empty string %r" % (label_string(rctx.attr.lock), entry, key))
         sha256 = entry["sha256"]
         if len(sha256) != 64 or [c for c in sha256.elems() if c not in "0123456789abcdef"]:
             fail("sparkseal: %s: %s: locked sha256 %r is not 64 lowercase hex digits" % (
-                rctx.attr.lock,
+                label_string(rctx.attr.lock),
                 entry["package"],
                 sha256,
             ))
         if "/" in entry["filename"] or not entry["filename"].endswith(".deb"):
             fail("sparkseal: %s: %s: expected a .deb file name, got %r" % (
-                rctx.attr.lock,
+                label_string(rctx.attr.lock),
                 entry["package"],
                 entry["filename"],
             ))
         path = entry["path"]
         if path.startswith("/") or ".." in path.split("/") or not path.endswith("/" + entry["filename"]):
             fail("sparkseal: %s: %s: expected a relative path without '..' ending in /%s, got %r" % (
-                rctx.attr.lock,
+                label_string(rctx.attr.lock),
                 entry["package"],
                 entry["filename"],
                 path,
             ))
         if entry["package"] in names or entry["package"] in _RESERVED_TARGETS:
             fail("sparkseal: %s: package name %r is listed twice or clashes with a target of the repository" % (
-                rctx.attr.lock,
+                label_string(rctx.attr.lock),
                 entry["package"],
             ))
         names[entry["package"]] = True
@@ -100,7 +100,7 @@ def _resolve(rctx, missing):
         ["urls", "--lock", str(rctx.path(rctx.attr.lock))] + [e["package"] for e in missing],
     )
     if result.return_code != 0:
-        fail("%s\n(while fetching @%s)" % (result.stderr.strip() or result.stdout.strip(), rctx.name))
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip() or result.stdout.strip(), apparent_repo_name(rctx.name)))
     urls = {}
     for line in result.stdout.strip().split("\n"):
         package, _, url = line.partition("\t")
@@ -114,7 +114,7 @@ def _credentials(rctx, urls):
     result = run_python_helper(rctx, "sparkseal.fetch.credentials", sorted(urls))
     if result.return_code != 0:
         # stderr only: stdout of a successful answer holds the credentials.
-        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), rctx.name))
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), apparent_repo_name(rctx.name)))
     return json.decode(result.stdout)
 
 def fetch_debs(rctx):

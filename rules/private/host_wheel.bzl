@@ -13,6 +13,7 @@ what the action computes with it.
 Targets: `:site` (the unpacked files; the directory is `<repository>/site`).
 """
 
+load(":common.bzl", "apparent_repo_name", "label_string")
 load(":platforms.bzl", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
@@ -27,7 +28,7 @@ def locked_host_wheel(rctx, project, purpose):
     entry = pinned.get("files", {}).get(platform)
     if type(entry) != "dict" or type(pinned.get("version")) != "string":
         fail("sparkseal: %s: expected wheels.%s.version and wheels.%s.files.%s.{filename,sha256}, got %r" % (
-            rctx.attr.lock,
+            label_string(rctx.attr.lock),
             project,
             project,
             platform,
@@ -50,7 +51,7 @@ def _host_wheel_impl(rctx):
     init = "site/%s/__init__.py" % rctx.attr.module
     if not rctx.path(init).exists:
         fail("sparkseal: host_wheel %s: %s holds no package %r (expected %s)" % (
-            rctx.name,
+            apparent_repo_name(rctx.name),
             entry.filename,
             rctx.attr.module,
             init,

@@ -5,7 +5,7 @@
 `cuda_archs` attribute.
 """
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":platforms.bzl", "PLATFORMS")
 
 CudaArchsInfo = provider(
@@ -30,8 +30,8 @@ def _kernels_wheel_impl(ctx):
     archs = ctx.attr._cuda_archs_flag[CudaArchsInfo].archs or ctx.attr.cuda_archs
     if not archs:
         fail("sparkseal: %s: expected a non-empty CUDA architecture list (cuda_archs or --%s), got none" % (
-            ctx.label,
-            ctx.attr._cuda_archs_flag.label,
+            label_string(ctx.label),
+            label_string(ctx.attr._cuda_archs_flag.label),
         ))
     filename = "sparkseal-%s-py3-none-%s.whl" % (ctx.attr.version, platform)
     wheel = ctx.actions.declare_file("%s/%s" % (ctx.label.name, filename))

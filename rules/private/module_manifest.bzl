@@ -1,18 +1,18 @@
 """`module_manifest`: sha256 of every file of the image's virtual environment, per distribution."""
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":oci_layer.bzl", "OciLayerInfo")
 
 def _module_manifest_impl(ctx):
     out = ctx.actions.declare_file(ctx.label.name + ".json")
     parts = [layer[OciLayerInfo].modules for layer in ctx.attr.layers]
     if ctx.files.trees and parts:
-        fail("sparkseal: %s: give trees or layers, not both" % ctx.label)
+        fail("sparkseal: %s: give trees or layers, not both" % label_string(ctx.label))
     if not ctx.files.trees and not parts:
-        fail("sparkseal: %s: expected trees or layers, got neither" % ctx.label)
+        fail("sparkseal: %s: expected trees or layers, got neither" % label_string(ctx.label))
     for layer, part in zip(ctx.attr.layers, parts):
         if part == None:
-            fail("sparkseal: %s: layer %s installs no wheels, so it has no module manifest" % (ctx.label, layer.label))
+            fail("sparkseal: %s: layer %s installs no wheels, so it has no module manifest" % (label_string(ctx.label), label_string(layer.label)))
     args = ctx.actions.args()
     for tree in ctx.files.trees:
         args.add("--tree", tree.path)

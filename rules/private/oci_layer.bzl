@@ -18,7 +18,7 @@ LayerCompressionInfo = provider(
 def _layer_compression_impl(ctx):
     if ctx.build_setting_value not in _COMPRESSIONS:
         fail("sparkseal: --%s=%s: expected one of %s" % (
-            ctx.label,
+            label_string(ctx.label),
             ctx.build_setting_value,
             ", ".join(sorted(_COMPRESSIONS)),
         ))
@@ -61,7 +61,7 @@ def _package_relative(f, label):
         path = path.split("/", 2)[2]
     prefix = label.package + "/" if label.package else ""
     if not path.startswith(prefix):
-        fail("sparkseal: %s is not below package '%s' of %s" % (f.short_path, label.package, label))
+        fail("sparkseal: %s is not below package '%s' of %s" % (f.short_path, label.package, label_string(label)))
     return path[len(prefix):]
 
 def _oci_layer_impl(ctx):
@@ -91,7 +91,7 @@ def _oci_layer_impl(ctx):
     for target, dest in ctx.attr.files.items():
         files = target.files.to_list()
         if len(files) != 1 or files[0].is_directory:
-            fail("sparkseal: files: %s must be one regular file, got %d files" % (target.label, len(files)))
+            fail("sparkseal: files: %s must be one regular file, got %d files" % (label_string(target.label), len(files)))
         args.add_all(["--file", files[0].path, dest])
         inputs.append(files[0])
     for target, dest in ctx.attr.links.items():
@@ -109,12 +109,12 @@ def _oci_layer_impl(ctx):
     for dest, mode in ctx.attr.modes.items():
         args.add_all(["--mode", dest, mode])
     if ctx.attr.bytecode and not modules:
-        fail("sparkseal: %s: bytecode needs wheels: only installed wheels are byte-compiled" % ctx.label)
+        fail("sparkseal: %s: bytecode needs wheels: only installed wheels are byte-compiled" % label_string(ctx.label))
     if modules:
         if not ctx.attr.platform:
-            fail("sparkseal: %s: wheels need platform (one of %s)" % (ctx.label, ", ".join(PLATFORMS)))
+            fail("sparkseal: %s: wheels need platform (one of %s)" % (label_string(ctx.label), ", ".join(PLATFORMS)))
         if not ctx.file.installer:
-            fail("sparkseal: %s: wheels need installer (the locked installer wheel, " % ctx.label +
+            fail("sparkseal: %s: wheels need installer (the locked installer wheel, " % label_string(ctx.label) +
                  "@python_tools_any_installer//file)")
         args.add_all(ctx.files.wheels, before_each = "--wheel")
         args.add_all(["--platform", ctx.attr.platform, "--installer", ctx.file.installer])
@@ -131,9 +131,9 @@ def _oci_layer_impl(ctx):
             args.add_all(["--split", ctx.file.split, "--split-part", ctx.attr.split_part])
             inputs.append(ctx.file.split)
     if bool(ctx.file.split) != bool(ctx.attr.split_part):
-        fail("sparkseal: %s: split and split_part go together" % ctx.label)
+        fail("sparkseal: %s: split and split_part go together" % label_string(ctx.label))
     if ctx.file.split and (not modules or ctx.attr.trees):
-        fail("sparkseal: %s: split needs wheels and no trees: it splits the installed wheels only" % ctx.label)
+        fail("sparkseal: %s: split needs wheels and no trees: it splits the installed wheels only" % label_string(ctx.label))
     if tar:
         args.add("--tar", tar)
     tools = []
@@ -141,7 +141,7 @@ def _oci_layer_impl(ctx):
         # The locked zstandard wheel of the build host, unpacked (rules/private/host_wheel.bzl).
         package = zstd_package(ctx.files._zstd_module)
         if not package:
-            fail("sparkseal: %s: zstd layers need @zstandard//:site (host_wheel in the WORKSPACE)" % ctx.label)
+            fail("sparkseal: %s: zstd layers need @zstandard//:site (host_wheel in the WORKSPACE)" % label_string(ctx.label))
         args.add_all(["--compression", "zstd", "--zstd-site", package.dirname.rpartition("/")[0]])
         tools += ctx.files._zstd_module
     args.add_all(["--blob", blob, "--descriptor", descriptor])

@@ -17,7 +17,7 @@ form a closure for the platform's complete platform (`//third_party/python/compl
 `pex` wheel comes from the locked build tools. See sparkseal/actions/sparkseal_pex.py.
 """
 
-load(":common.bzl", "ACTION_ENV", "tool")
+load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":platforms.bzl", "PLATFORMS")
 
 SparksealPexInfo = provider(
@@ -30,7 +30,7 @@ SparksealPexInfo = provider(
 
 def _sparkseal_pex_impl(ctx):
     if bool(ctx.attr.script) == bool(ctx.attr.entry_point):
-        fail("sparkseal_pex %s: set exactly one of script and entry_point" % ctx.label)
+        fail("sparkseal_pex %s: set exactly one of script and entry_point" % label_string(ctx.label))
     out = ctx.actions.declare_directory(ctx.label.name + ".pex")
     digest = ctx.actions.declare_file(ctx.label.name + ".pex.digest")
     complete_platform = ctx.file.complete_platform

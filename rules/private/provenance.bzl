@@ -17,20 +17,36 @@ BuildSettingInfo = provider(
     fields = {"value": "string"},
 )
 
-# The Bazel release recorded in the provenance when `--//rules:bazel_version` names none. Debian's
-# bazel-bootstrap builds report no release (`native.bazel_version` is empty, `bazel info release` says
-# "development version"), so it is told from what the running Bazel's Starlark offers: of the two releases
-# this repository supports, only 7.7.1 has `native.package_relative_label` (Bazel 6.2 and later), in
-# WORKSPACE mode and under bzlmod alike. Any other release must be named with the setting.
-DETECTED_BAZEL_RELEASE = "7.7.1" if hasattr(native, "package_relative_label") else "4.2.3"
+# What the provenance records of the Bazel that runs (internalParameters.bazel, sparkseal/core/locks.py):
+# only what was seen. REPORTED_BAZEL_RELEASE: the release Bazel reports to a BUILD file's .bzl
+# (`native.bazel_version`), "" when it reports none: Bazel 4.2.3 offers no such field there, and Debian's
+# bazel-bootstrap builds know no release at all (`bazel info release` says "development version"), so on
+# both supported Bazels the record says null. INFERRED_BAZEL: what the Starlark tells, recorded with what it
+# was told from: only Bazel 6.2 and later have `native.package_relative_label`, in WORKSPACE mode and under
+# bzlmod alike. A release the builder knows otherwise is named with --//rules:bazel_version and recorded as
+# declared, never as measured.
+REPORTED_BAZEL_RELEASE = getattr(native, "bazel_version", "") or ""
+INFERRED_BAZEL = ">= 6.2" if hasattr(native, "package_relative_label") else "< 6.2"
+
+BazelInfo = provider(
+    doc = "What is known of the running Bazel, as the provenance records it.",
+    fields = {
+        "release": "the release Bazel reports, \"\" when none",
+        "inferred": "\">= 6.2\" or \"< 6.2\", told from the Starlark",
+        "declared": "the release --//rules:bazel_version names, \"\" when none",
+    },
+)
 
 def _bazel_version_impl(ctx):
-    return [BuildSettingInfo(value = ctx.build_setting_value or DETECTED_BAZEL_RELEASE)]
+    return [
+        BuildSettingInfo(value = ctx.build_setting_value),
+        BazelInfo(release = REPORTED_BAZEL_RELEASE, inferred = INFERRED_BAZEL, declared = ctx.build_setting_value),
+    ]
 
 bazel_version = rule(
     implementation = _bazel_version_impl,
-    doc = "The Bazel release a build runs on, recorded in the provenance's builder: the supported release " +
-          "told from the running Bazel (DETECTED_BAZEL_RELEASE) unless the flag names one.",
+    doc = "The running Bazel as the provenance records it (BazelInfo): the release it reports, the range " +
+          "told from its Starlark, and the release the flag declares, if any.",
     build_setting = config.string(flag = True),
 )
 
@@ -61,7 +77,7 @@ def _provenance_impl(ctx):
     args.add("--layer-compression", compression)
     zstd_lock = [ctx.file.zstd_lock] if compression == "zstd" and ctx.file.zstd_lock else []
     if compression == "zstd" and not zstd_lock:
-        fail("sparkseal: %s: zstd layers need zstd_lock (third_party/zstd/zstandard.lock.json)" % ctx.label)
+        fail("sparkseal: %s: zstd layers need zstd_lock (third_party/zstd/zstandard.lock.json)" % label_string(ctx.label))
     args.add_all(zstd_lock, before_each = "--zstd-lock")
     args.add_all(ctx.files.built_wheels, before_each = "--built-wheel")
 
@@ -74,7 +90,12 @@ def _provenance_impl(ctx):
     args.add_all(["--subject", "sbom", ctx.file.sbom.short_path, ctx.file.sbom])
     for target in [ctx.attr.image, ctx.attr.pex, ctx.attr.manifest, ctx.attr.sbom]:
         args.add("--target", label_string(target.label))
-    args.add("--bazel-version", ctx.attr._bazel_version[BuildSettingInfo].value)
+    bazel = ctx.attr._bazel_version[BazelInfo]
+    args.add("--bazel-inferred", bazel.inferred)
+    if bazel.release:
+        args.add("--bazel-release", bazel.release)
+    if bazel.declared:
+        args.add("--bazel-declared", bazel.declared)
 
     # The locked interpreter and compilers of the platform the actions execute on.
     locks = ctx.toolchains[LOCKS_TOOLCHAIN].locks

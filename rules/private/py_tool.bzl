@@ -8,6 +8,8 @@ file, with the program's runfiles on `PYTHONPATH`. The interpreter and its stand
 of the tool, so they are inputs of every action that runs it, on a remote worker too.
 """
 
+load(":common.bzl", "label_string")
+
 def runfiles_path(ctx, file):
     """The path of `file` below a runfiles root (`<workspace>/pkg/f` or `<repository>/pkg/f`)."""
     path = file.short_path
@@ -37,7 +39,7 @@ PYTHONPATH="$runfiles/{workspace}" exec "$runfiles/{interpreter}" -s "$runfiles/
 def _py_tool_impl(ctx):
     runtime = ctx.toolchains[_PYTHON_TOOLCHAIN].py3_runtime
     if runtime.interpreter == None:
-        fail("sparkseal: %s: expected the locked interpreter of //third_party/toolchains (a py_runtime with " % ctx.label +
+        fail("sparkseal: %s: expected the locked interpreter of //third_party/toolchains (a py_runtime with " % label_string(ctx.label) +
              "`interpreter`), got the host path %r: register the toolchains with sparkseal_toolchains()" % (
                  runtime.interpreter_path,
              ))

@@ -5,6 +5,7 @@ pip is configured with); Bazel's downloader fetches and verifies it, so users ge
 repository cache, ``--distdir`` and mirror rewriting, and a wrong hash never lands in the cache.
 """
 
+load(":common.bzl", "apparent_repo_name")
 load(":helpers.bzl", "HELPER_SOURCES")
 
 # NETRC names the netrc file that holds index credentials (else ~/.netrc): a change re-runs the lookup.
@@ -53,7 +54,7 @@ def _resolve_url(rctx, filename, sha256):
     result = run_python_helper(rctx, "sparkseal.fetch.resolve", ["--bazel-auth", "--sha256", sha256, filename])
     if result.return_code != 0:
         # stderr only: stdout would hold the credentials of a successful answer.
-        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), rctx.name))
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), apparent_repo_name(rctx.name)))
     answer = json.decode(result.stdout)
     return answer["url"], answer["auth"]
 

@@ -1,11 +1,12 @@
 """`pypi_file`: one file from the pip index, pinned by filename and sha256."""
 
+load(":common.bzl", "apparent_repo_name")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
 def _pypi_file_impl(rctx):
     filename = rctx.attr.filename
     if "/" in filename or filename in ("", ".", ".."):
-        fail("sparkseal: pypi_file %s: filename %r must be a plain file name" % (rctx.name, filename))
+        fail("sparkseal: pypi_file %s: filename %r must be a plain file name" % (apparent_repo_name(rctx.name), filename))
     download_locked_file(rctx, filename, rctx.attr.sha256, "file/" + filename, urls = rctx.attr.urls)
     rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
     rctx.file("file/BUILD", "\n".join([

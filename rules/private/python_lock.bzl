@@ -36,6 +36,7 @@ sidecar's version and one of its `--hash` values is the sidecar's sha256, and th
 project that the lock does not pin.
 """
 
+load(":common.bzl", "apparent_repo_name", "label_string")
 load(":wheel_layers.bzl", "WHEEL_LAYERS", "layer_of")
 
 _HEX = "0123456789abcdef"
@@ -126,7 +127,7 @@ def _by_platform(hub, attr_name, mapping):
     out = {}
     for label, platform in mapping.items():
         if platform in out:
-            fail("sparkseal: python_lock %s: two %s for platform %r: %s and %s" % (hub, attr_name, platform, out[platform], label))
+            fail("sparkseal: python_lock %s: two %s for platform %r: %s and %s" % (apparent_repo_name(hub), attr_name, platform, label_string(out[platform]), label_string(label)))
         out[platform] = label
     return out
 
@@ -141,12 +142,12 @@ def python_pins(ctx, hub, locks, files):
     locks = _by_platform(hub, "locks", locks)
     files = _by_platform(hub, "files", files)
     if sorted(locks) != sorted(files):
-        fail("sparkseal: python_lock %s: locks are for %s but files for %s; expected the same platforms" % (hub, sorted(locks), sorted(files)))
+        fail("sparkseal: python_lock %s: locks are for %s but files for %s; expected the same platforms" % (apparent_repo_name(hub), sorted(locks), sorted(files)))
     platforms = sorted(locks)
     repos = []
     pins = {}
     for platform in platforms:
-        lock_where, files_where = str(locks[platform]), str(files[platform])
+        lock_where, files_where = label_string(locks[platform]), label_string(files[platform])
         parsed = parse_requirements(ctx.read(locks[platform]), lock_where)
         wheels = _sidecar_wheels(json.decode(ctx.read(files[platform])), files_where, platform)
         pins[platform] = {}
@@ -226,7 +227,7 @@ def _python_lock_impl(rctx):
         "def wheel(platform, project):",
         '    """The label of the locked wheel of `project` (a normalised name) for `platform`."""',
         "    if platform not in PINS or project not in PINS[platform]:",
-        '        fail("sparkseal: %s: no locked wheel of %r for %r (platforms: %s)" % (' + repr(hub) + ", project, platform, PLATFORMS))",
+        '        fail("sparkseal: %s: no locked wheel of %r for %r (platforms: %s)" % (' + repr(apparent_repo_name(hub)) + ", project, platform, PLATFORMS))",
         '    return PINS[platform][project]["label"]',
         "",
     ]))

@@ -14,6 +14,7 @@ repository holds. Two entry points declare them, through the same `declare_repos
 Either way the repositories have the same names and attributes, so every BUILD file is the same.
 """
 
+load(":common.bzl", "label_string")
 load(":cuda_toolkit.bzl", "cuda_toolkit")
 load(":debian.bzl", "debian_packages")
 load(":host_wheel.bzl", "host_wheel")
@@ -139,7 +140,7 @@ def declare_repositories(kind, attrs, reader = None):
         return
     repos = []
     if kind == "vllm_lock":
-        repos = vllm_pins(reader.read(attrs["lock"]), str(attrs["lock"])).repos
+        repos = vllm_pins(reader.read(attrs["lock"]), label_string(attrs["lock"])).repos
     elif kind == "python_lock":
         repos = python_pins(reader, attrs["name"], attrs["locks"], attrs["files"]).repos
     for name, filename, sha256 in repos:

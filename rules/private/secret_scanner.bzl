@@ -12,6 +12,7 @@ instead (test workspaces pass the one of the hash-locked test venv); its version
 Target: `:kingfisher` (the executable). The provenance records the scanner from the same lock.
 """
 
+load(":common.bzl", "apparent_repo_name", "label_string")
 load(":host_wheel.bzl", "locked_host_wheel")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
@@ -30,9 +31,9 @@ def _secret_scanner_impl(rctx):
     found = rctx.execute(["./kingfisher", "--version"])
     if found.return_code != 0 or found.stdout.strip() != "kingfisher " + entry.version:
         fail("sparkseal: secret_scanner %s: expected 'kingfisher %s' (locked in %s), got %r" % (
-            rctx.name,
+            apparent_repo_name(rctx.name),
             entry.version,
-            rctx.attr.lock,
+            label_string(rctx.attr.lock),
             (found.stdout + found.stderr).strip(),
         ))
     rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)

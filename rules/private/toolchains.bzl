@@ -23,6 +23,7 @@ the compilers (for the platform the kernels action executes on). Only the reposi
 fetched.
 """
 
+load(":common.bzl", "apparent_repo_name", "label_string")
 load(":debian.bzl", "DEBIAN_ENVIRON", "fetch_debs")
 load(":platforms.bzl", "DEBIAN_ARCHITECTURES", "PLATFORMS", "TRIPLETS", "host_platform")
 load(":pypi_download.bzl", "run_python_helper")
@@ -136,7 +137,7 @@ def _locked_toolchain_impl(rctx):
     want = DEBIAN_ARCHITECTURES[platform]
     if lock.get("architecture") != want:
         fail("sparkseal: %s: expected a lock for %s (%s), got architecture %r" % (
-            rctx.attr.lock,
+            label_string(rctx.attr.lock),
             want,
             platform,
             lock.get("architecture"),
@@ -154,7 +155,7 @@ def _locked_toolchain_impl(rctx):
         args + [str(rctx.path("debs/" + e["filename"])) for e in packages],
     )
     if result.return_code != 0:
-        fail("%s\n(while unpacking @%s)" % (result.stderr.strip() or result.stdout.strip(), rctx.name))
+        fail("%s\n(while unpacking @%s)" % (result.stderr.strip() or result.stdout.strip(), apparent_repo_name(rctx.name)))
     for name in ["root", "lib", "packages.json"]:
         rctx.execute(["mv", str(rctx.path("unpacked/" + name)), str(rctx.path(name))])
     rctx.delete("unpacked")

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.install.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
 
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         count = build_rootfs(args.debs, args.lock, args.out, args.links, args.dirs, args.exclude)
     except (DebError, OSError, UnicodeDecodeError) as exc:
-        print(f"deb_rootfs: {exc}", file=sys.stderr)
+        print(f"deb_rootfs: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     print(f"deb_rootfs: {count} packages unpacked into {args.out}")
     return 0

@@ -25,6 +25,7 @@ from typing import Any
 
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE, SOURCE_DATE_EPOCH
 from sparkseal.core.platforms import PLATFORMS
+from sparkseal.core.repo_names import apparent_text
 
 # (build host, wheel platform) -> CMake toolchain file. The host is the one the toolkit was assembled for
 # (`host` of its cuda/toolkit.json). An aarch64 host compiles natively; an x86_64 host cross-compiles the
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         build(args)
     except KernelsWheelError as exc:
-        print(f"sparkseal: {exc}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     return 0
 

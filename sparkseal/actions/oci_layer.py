@@ -50,6 +50,7 @@ from sparkseal.core.layer_write import write_layer
 from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
 from sparkseal.core.oci import LAYER_MEDIA_TYPES
 from sparkseal.core.pzstd import ZstdUnavailable, load_zstandard
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.tar import TarError
 from sparkseal.core.wheel_split import PARTS, SplitError, load_split
 from sparkseal.core.wheels import PLATFORMS, WheelError
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         for written in (args.blob, args.tar):
             if written is not None:
                 written.unlink(missing_ok=True)
-        print(f"sparkseal: {exc}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     if modules is not None:
         args.modules.write_text(dumps(modules), encoding="ascii")

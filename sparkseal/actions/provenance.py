@@ -14,11 +14,15 @@ the same bytes:
   scanned every layer), and the Debian packages of the locked interpreter every action ran on
   (``interpreter``) and of the locked compilers of the kernels (``compiler``), each with its sha256. Each
   carries ``annotations.role``.
-* ``runDetails.builder``: :data:`BUILDER_ID`, with the Bazel release (declared by the workspace: a Debian
-  ``bazel-bootstrap`` reports none) and the interpreter that runs the actions (read here at run time).
+* ``runDetails.builder``: :data:`BUILDER_ID`, with the interpreter that runs the actions (read here at run
+  time) and the Bazel release only where Bazel reported one.
+* ``buildDefinition.internalParameters.bazel``: what is known of the Bazel that ran, each in a field that says
+  how (``sparkseal.core.locks.bazel_record``): the release it reported (null for Debian's
+  ``bazel-bootstrap``, which reports none), the range inferred from its Starlark, the release the builder
+  declared (null unless named with ``--//rules:bazel_version``).
 * ``runDetails.byproducts``: the wheels the build made (our vLLM wheel, the sparkseal wheel).
 
-Dates are left out (``runDetails.metadata`` is optional); ``internalParameters`` records
+Dates are left out (``runDetails.metadata`` is optional); ``internalParameters`` also records
 SOURCE_DATE_EPOCH, the one date every artifact carries.
 
 The statement's types and the lock readers live in ``sparkseal.core.locks``, shared with the SBOM action
@@ -32,7 +36,8 @@ As an action::
         --scanner-lock scanner.lock.json --built-wheel WHL ... \\
         --subject oci-image NAME DIGEST_FILE --image-tag TAG --subject pex NAME DIGEST_FILE \\
         --subject module-manifest NAME FILE --subject sbom NAME FILE \\
-        --target //:image_linux_aarch64 ... --bazel-version 4.2.3 --out provenance.intoto.json
+        --target //:image_linux_aarch64 ... --bazel-inferred '< 6.2' [--bazel-release R] \\
+        [--bazel-declared R] --out provenance.intoto.json
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import Any
 
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
 from sparkseal.core.locks import (
+    BAZEL_INFERENCES,
     BUILD_TYPE,
     BUILDER_ID,
     DIGEST_FILE_KINDS,
@@ -55,6 +61,7 @@ from sparkseal.core.locks import (
     STATEMENT_TYPE,
     SUBJECT_KINDS,
     ProvenanceError,
+    bazel_record,
     built_wheel,
     dumps,
     file_sha256,
@@ -65,6 +72,7 @@ from sparkseal.core.locks import (
     read_wheel_lock,
 )
 from sparkseal.core.oci import LAYER_MEDIA_TYPES
+from sparkseal.core.repo_names import apparent_text
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,9 @@ class Inputs:
     built_wheels: tuple[Path, ...]
     subjects: tuple[Subject, ...]
     targets: tuple[str, ...]
-    bazel_version: str
+    bazel_inferred: str
+    bazel_release: str | None = None
+    bazel_declared: str | None = None
     cuda_archs: str = ""
     scanner_lock: Path | None = None
     layer_compression: str = "gzip"
@@ -171,6 +181,9 @@ def statement(inputs: Inputs) -> dict[str, Any]:
     if inputs.layer_compression != "gzip":
         # Only a non-default compression is a parameter: gzip images keep their statements as before.
         parameters["layerCompression"] = inputs.layer_compression
+    bazel = bazel_record(inputs.bazel_release, inputs.bazel_inferred, inputs.bazel_declared)
+    # The builder names a Bazel release only where Bazel reported one: nothing unmeasured is stated there.
+    version = {"python": interpreter(), **({"bazel": bazel["release"]} if bazel["release"] else {})}
     byproducts = sorted((built_wheel(path) for path in inputs.built_wheels), key=lambda item: item.filename)
     return {
         "_type": STATEMENT_TYPE,
@@ -182,13 +195,13 @@ def statement(inputs: Inputs) -> dict[str, Any]:
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
                 "externalParameters": parameters,
-                "internalParameters": {"sourceDateEpoch": SOURCE_DATE_EPOCH},
+                "internalParameters": {"bazel": bazel, "sourceDateEpoch": SOURCE_DATE_EPOCH},
                 "resolvedDependencies": dependencies,
             },
             "runDetails": {
                 "builder": {
                     "id": BUILDER_ID,
-                    "version": {"bazel": inputs.bazel_version, "python": interpreter()},
+                    "version": version,
                 },
                 "byproducts": [item.descriptor() for item in byproducts],
             },
@@ -241,7 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--image-tag", default=None, help="REPOSITORY:TAG of the oci-image subject")
     parser.add_argument("--target", action="append", default=[], help="a Bazel target the statement covers")
-    parser.add_argument("--bazel-version", required=True, help="the Bazel release the workspace declares")
+    parser.add_argument(
+        "--bazel-inferred",
+        required=True,
+        choices=sorted(BAZEL_INFERENCES),
+        help="the Bazel range told from the running Bazel's Starlark",
+    )
+    parser.add_argument(
+        "--bazel-release", default=None, help="the release Bazel reports (native.bazel_version)"
+    )
+    parser.add_argument("--bazel-declared", default=None, help="the release the builder names (not measured)")
     parser.add_argument("--cuda-archs", default="", help="the CUDA architecture override ('' = per wheel)")
     parser.add_argument("--out", type=Path, required=True, help="statement JSON to write")
     args = parser.parse_args(argv)
@@ -263,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         built_wheels=tuple(args.built_wheel),
         subjects=tuple(subjects),
         targets=tuple(args.target),
-        bazel_version=args.bazel_version,
+        bazel_inferred=args.bazel_inferred,
+        bazel_release=args.bazel_release,
+        bazel_declared=args.bazel_declared,
         cuda_archs=args.cuda_archs,
         scanner_lock=args.scanner_lock,
         layer_compression=args.layer_compression,
@@ -274,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text = dumps(statement(inputs))
     except ProvenanceError as error:
-        print(f"provenance: {error}", file=sys.stderr)
+        print(f"provenance: {apparent_text(str(error))}", file=sys.stderr)
         return 1
     args.out.write_text(text, encoding="ascii")
     return 0

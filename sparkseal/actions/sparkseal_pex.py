@@ -43,6 +43,7 @@ from typing import Any
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
 from sparkseal.core.digests import tree_digest
 from sparkseal.core.platforms import PLATFORMS
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.tree import normalize_tree
 from sparkseal.core.wheels import (
     PYTHON_VERSION,
@@ -313,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.venv,
         )
     except PexBuildError as error:
-        print(f"sparkseal: {error}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(error))}", file=sys.stderr)
         return 1
     if args.digest is not None:
         args.digest.write_text(digest + "\n", encoding="ascii")

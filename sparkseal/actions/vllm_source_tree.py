@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.sdist import SdistError, unpack
 
 
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         unpack(args.sdist, args.out, args.version, args.commit)
     except SdistError as exc:
-        print(f"sparkseal: {exc}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     return 0
 

@@ -26,6 +26,7 @@ from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_v
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
 from sparkseal.core.digests import record_hash
 from sparkseal.core.paths import UnsafePath, check_relative
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.tree import content_mode, list_files
 from sparkseal.core.wheel_split import differing_paths, split_document
 from sparkseal.core.zipwriter import RawMember, ZipWriter, deflate, read_raw
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         for written in (args.out, args.split):
             if written is not None:
                 written.unlink(missing_ok=True)
-        print(f"sparkseal: {exc}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     # Information, not a problem: upstream's build vendors or generates some modules (vllm/third_party,

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.wheels import PLATFORMS, WheelError
 from sparkseal.install.venv import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
 
@@ -32,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.wheel, args.out, args.platform, args.installer, args.prefix, not args.no_pyvenv_cfg, replaces
         )
     except (InstallError, WheelError, ValueError) as exc:
-        print(f"sparkseal: {exc}", file=sys.stderr)
+        print(f"sparkseal: {apparent_text(str(exc))}", file=sys.stderr)
         return 1
     return 0
 

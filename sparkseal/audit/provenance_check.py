@@ -11,8 +11,9 @@ root directory (by default the statement's own directory: ``bazel-bin`` for the 
 * ``module-manifest``, ``sbom`` (files): the sha256 of the file.
 
 A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest. A
-statement that is not an in-toto Statement v1 with SLSA v1 provenance, or an artifact that is missing, is
-an input error (:class:`CheckInputError`, exit 2).
+statement that is not an in-toto Statement v1 with SLSA v1 provenance, whose record of the Bazel that ran
+is malformed (``sparkseal.core.locks.bazel_record_problem``), or an artifact that is missing, is an input
+error (:class:`CheckInputError`, exit 2).
 
 A signed statement (a DSSE envelope, ``sparkseal provenance sign``) is checked with ``pubkey``: its
 signature is verified first (``sparkseal.core.dsse``, the envelope module that signing uses too) and only
@@ -30,7 +31,7 @@ from typing import Any
 
 from sparkseal.core import dsse
 from sparkseal.core.digests import sha256_file, tree_digest
-from sparkseal.core.locks import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS
+from sparkseal.core.locks import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS, bazel_record_problem
 from sparkseal.core.manifest import FORMAT as MODULE_MANIFEST_FORMAT
 from sparkseal.core.oci import LayoutError, blob_path, read_image
 
@@ -84,6 +85,11 @@ def load_statement(path: Path, content: bytes | None = None) -> list[dict[str, A
             f"{path}: expected _type {STATEMENT_TYPE} and predicateType {PREDICATE_TYPE}, "
             f"found {found[0]!r} and {found[1]!r}"
         )
+    # The record of the Bazel that ran says only what was seen (sparkseal.core.locks): a record that
+    # states anything else, or a builder naming a release Bazel did not report, is no statement of ours.
+    problem = bazel_record_problem(data)
+    if problem is not None:
+        raise CheckInputError(f"{path}: {problem}")
     subjects = data.get("subject")
     if not isinstance(subjects, list) or not subjects:
         raise CheckInputError(f"{path}: expected a non-empty subject list, found {subjects!r}")

@@ -45,6 +45,57 @@ class ProvenanceError(Exception):
     """An input is missing or malformed; the message names the file, the expected and the actual value."""
 
 
+# What a statement says of the Bazel that ran the build, in ``internalParameters.bazel``: only what was
+# seen, each in a field that says how. ``release``: the release Bazel reports of itself
+# (``native.bazel_version``), null when it reports none (Debian's bazel-bootstrap builds: `bazel info
+# release` says "development version"). ``inferred``: the range rules/private/provenance.bzl tells from the
+# Starlark the running Bazel offers, and from what. ``declared``: the release the builder named with
+# ``--//rules:bazel_version`` (nobody measured it), null when none was named. ``runDetails.builder.version``
+# names a Bazel release only when Bazel reported one.
+BAZEL_RECORD = "predicate.buildDefinition.internalParameters.bazel"
+BAZEL_INFERENCES = {
+    ">= 6.2": ">= 6.2 (from features: native.package_relative_label is present)",
+    "< 6.2": "< 6.2 (from features: native.package_relative_label is absent)",
+}
+_BAZEL_KEYS = ("declared", "inferred", "release")
+
+
+def bazel_record(release: str | None, inferred: str, declared: str | None) -> dict[str, str | None]:
+    """The statement's Bazel record; ``inferred`` is a key of :data:`BAZEL_INFERENCES`, empty strings are
+    null (what a build setting or a Bazel that reports nothing gives)."""
+    if inferred not in BAZEL_INFERENCES:
+        raise ProvenanceError(
+            f"--bazel-inferred: expected one of {', '.join(map(repr, BAZEL_INFERENCES))}, found {inferred!r}"
+        )
+    return {"declared": declared or None, "inferred": BAZEL_INFERENCES[inferred], "release": release or None}
+
+
+def bazel_record_problem(statement: Any) -> str | None:
+    """What is wrong with the Bazel record of ``statement`` (a parsed in-toto Statement), as
+    ``field: expected ..., found ...``; None when the record is well formed."""
+    predicate = statement.get("predicate") if isinstance(statement, dict) else None
+    definition = predicate.get("buildDefinition") if isinstance(predicate, dict) else None
+    internal = definition.get("internalParameters") if isinstance(definition, dict) else None
+    record = internal.get("bazel") if isinstance(internal, dict) else None
+    if not isinstance(record, dict) or sorted(record) != list(_BAZEL_KEYS):
+        return f"{BAZEL_RECORD}: expected an object with the keys {', '.join(_BAZEL_KEYS)}, found {record!r}"
+    for key in ("release", "declared"):
+        if record[key] is not None and (not isinstance(record[key], str) or not record[key]):
+            return f"{BAZEL_RECORD}.{key}: expected a non-empty string or null, found {record[key]!r}"
+    if record["inferred"] not in BAZEL_INFERENCES.values():
+        return (
+            f"{BAZEL_RECORD}.inferred: expected one of "
+            f"{', '.join(map(repr, BAZEL_INFERENCES.values()))}, found {record['inferred']!r}"
+        )
+    builder = (predicate.get("runDetails") or {}).get("builder") if isinstance(predicate, dict) else None
+    version = builder.get("version") if isinstance(builder, dict) else None
+    named = version.get("bazel") if isinstance(version, dict) else None
+    if named != record["release"]:
+        expected = f"{record['release']!r}" if record["release"] else "no entry (Bazel reported no release)"
+        return f"predicate.runDetails.builder.version.bazel: expected {expected}, found {named!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class Locked:
     """One locked or built file: what it is, which file, and its sha256."""

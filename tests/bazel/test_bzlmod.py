@@ -79,11 +79,14 @@ step fixture_build bazel --output_base={fixture_base} build --config=bzlmod --sy
 step fixture_bin bazel --output_base={fixture_base} info --config=bzlmod bazel-bin
 cp MODULE.twice MODULE.bazel
 step fixture_twice bazel --output_base={fixture_base} query --config=bzlmod //third_party/vllm:all
+cp MODULE.broken MODULE.bazel
+step fixture_broken bazel --output_base={fixture_base} query --config=bzlmod //third_party/vllm:all
 cd {real}
 step real_build bazel --output_base={real_base} build {target}
 step real_bin bazel --output_base={real_base} info bazel-bin
-step real_release bazel --output_base={real_base} cquery --output=starlark \\
-    --starlark:expr='[p.value for k, p in providers(target).items() if k.endswith("%BuildSettingInfo")]' \\
+expr='[[p.release, p.inferred, p.declared] for k, p in providers(target).items()'
+expr="$expr"' if k.endswith("%BazelInfo")]'
+step real_release bazel --output_base={real_base} cquery --output=starlark --starlark:expr="$expr" \\
     //rules:bazel_version
 step real_query bazel --output_base={real_base} query --incompatible_disallow_empty_glob --output=build //...
 step mod_graph bazel --output_base={real_base} mod graph --include_builtin
@@ -121,6 +124,12 @@ def _fixture(root: Path, cache: Path) -> None:
         "wheels": {p: {"filename": f, "sha256": digests[f]} for p, f in FIXTURE_WHEELS.items()},
     }
     (root / "third_party/vllm/vllm.lock.json").write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    # The same with a lock that has no sdist, for an error that names the lock.
+    (root / "third_party/vllm/broken.lock.json").write_text('{"name": "vllm"}\n')
+    locked = 'lock = "//third_party/vllm:vllm.lock.json"'
+    broken = FIXTURE_MODULE_TAGS.replace(locked, 'lock = "//third_party/vllm:broken.lock.json"')
+    assert broken != FIXTURE_MODULE_TAGS, f"FIXTURE_MODULE_TAGS: expected {locked}"
+    (root / "MODULE.broken").write_text(fixture_module(tags=broken))
     make_patch(root / "patches/vllm/0001-fix.patch", PATCH)
     (root / "patches/vllm/series").write_text("0001-fix.patch\n")
     (root / "overlay/vllm/vllm").mkdir(parents=True)
@@ -216,6 +225,13 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
             """sparkseal: the repository "vllm_lock" is declared twice in MODULE.bazel's sparkseal tags"""
             in twice
         )
+        # An error names the lock as MODULE.bazel writes it, not in Bazel 7's canonical spelling
+        # (`@@//third_party/...`, `@@_main~sparkseal~name`): rules/private/common.bzl's label_string.
+        broken = steps.output("fixture_broken")
+        assert steps.code("fixture_broken") != "0", broken
+        assert (
+            'sparkseal: //third_party/vllm:broken.lock.json: missing lock entry "sdist.filename"' in broken
+        ), broken
 
         # The repository itself, with no --config at all: what a new user of Bazel 7.7.1 runs.
         built = steps.ok("real_build")
@@ -224,11 +240,13 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
         )
         real_wheel = Path(steps.ok("real_bin").strip().splitlines()[-1]) / REAL_WHEEL
         assert _sha256(real_wheel) == host_real_sha, "vLLM wheel: bzlmod/7.7.1 differs from WORKSPACE/4.2.3"
-        # The provenance's builder records the release that runs (Debian's Bazel reports none), no flag given.
-        # cquery prints the value (a list) among Bazel's INFO lines.
-        release = [line for line in steps.ok("real_release").splitlines() if line.startswith('["')]
-        assert release == ['["7.7.1"]'], (
-            f"//rules:bazel_version under plain bzlmod: expected 7.7.1, got {release}"
+        # The provenance records what the running Bazel says: Debian's 7.7.1 reports no release (""), its
+        # Starlark tells >= 6.2, and no release is declared without the flag. cquery prints the value (a
+        # list) among Bazel's INFO lines.
+        release = [line for line in steps.ok("real_release").splitlines() if line.startswith("[[")]
+        assert release == ['[["", ">= 6.2", ""]]'], (
+            f"//rules:bazel_version under plain bzlmod: expected no reported release, >= 6.2 inferred and "
+            f"none declared, got {release}"
         )
         # Every BUILD file loads; the hubs' labels name the extension's repositories (canonical labels, as
         # the main repository imports only the hubs), the installer that rules name themselves is imported.

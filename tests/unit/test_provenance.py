@@ -102,7 +102,7 @@ def provenance_args(build: Build, out: Path) -> list[str]:
         "--subject", "sbom", build.sbom.name, str(build.sbom),
         "--target", "//:image_linux_aarch64",
         "--target", "//:pex_linux_aarch64",
-        "--bazel-version", "4.2.3",
+        "--bazel-inferred", "< 6.2",
         "--out", str(out),
     ]  # fmt: skip
     for name, path in inputs.patches:
@@ -231,7 +231,15 @@ def test_predicate(build: Build) -> None:
         "platform": PLATFORM,
         "targets": ["//:image_linux_aarch64", "//:pex_linux_aarch64"],
     }
-    assert definition["internalParameters"] == {"sourceDateEpoch": 315532800}
+    # Bazel 4.2.3 as Debian builds it: no release reported, none declared; the range its Starlark tells.
+    assert definition["internalParameters"] == {
+        "bazel": {
+            "declared": None,
+            "inferred": "< 6.2 (from features: native.package_relative_label is absent)",
+            "release": None,
+        },
+        "sourceDateEpoch": 315532800,
+    }
     deps = definition["resolvedDependencies"]
     by_role: dict[str, list[dict]] = {}
     for dep in deps:
@@ -295,9 +303,9 @@ def test_predicate(build: Build) -> None:
     )
 
     run = predicate["runDetails"]
-    assert run["builder"] == {
+    assert run["builder"] == {  # no Bazel release: the Bazel reported none
         "id": provenance.BUILDER_ID,
-        "version": {"bazel": "4.2.3", "python": f"CPython {platform.python_version()}"},
+        "version": {"python": f"CPython {platform.python_version()}"},
     }
     assert run["byproducts"] == [
         {
@@ -373,6 +381,34 @@ def test_bad_toolchain_lock(build: Build, tmp_path: Path, capsys: pytest.Capture
         f"provenance: {lock}/wheels.nvidia-cuda-nvcc/files.linux_x86_64: expected 64 lowercase hex digits "
         f"at sha256, found '{'0' * 63}'"
     )
+
+
+def test_the_bazel_record_says_what_was_reported_inferred_and_declared(build: Build, tmp_path: Path) -> None:
+    """A reported release is the builder's Bazel version; a declared one is recorded as declared only."""
+    args = provenance_args(build, tmp_path / "p.json")
+    index = args.index("--bazel-inferred")
+    args[index : index + 2] = ["--bazel-inferred", ">= 6.2", "--bazel-release", "8.1.0"]
+    args += ["--bazel-declared", "7.7.1"]
+    assert provenance.main(args) == 0
+    predicate = json.loads((tmp_path / "p.json").read_text())["predicate"]
+    assert predicate["buildDefinition"]["internalParameters"]["bazel"] == {
+        "declared": "7.7.1",
+        "inferred": ">= 6.2 (from features: native.package_relative_label is present)",
+        "release": "8.1.0",
+    }
+    assert predicate["runDetails"]["builder"]["version"]["bazel"] == "8.1.0"
+    # Declared alone names no release in the builder: nobody measured it.
+    args = [*provenance_args(build, tmp_path / "q.json"), "--bazel-declared", "7.7.1"]
+    assert provenance.main(args) == 0
+    predicate = json.loads((tmp_path / "q.json").read_text())["predicate"]
+    assert predicate["buildDefinition"]["internalParameters"]["bazel"]["declared"] == "7.7.1"
+    assert "bazel" not in predicate["runDetails"]["builder"]["version"]
+
+
+def test_the_bazel_inference_is_one_of_the_two(build: Build, tmp_path: Path) -> None:
+    with pytest.raises(provenance.ProvenanceError) as error:
+        provenance.bazel_record(None, "7.7.1", None)
+    assert str(error.value) == "--bazel-inferred: expected one of '>= 6.2', '< 6.2', found '7.7.1'"
 
 
 def _check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -519,6 +555,13 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
         (f"prov/in/{name}", _sha(path.read_bytes())) for name, path in inputs.patches
     ]
     assert "bazel-out" not in statement_path.read_text()
+    # This Bazel (4.2.3 on the test host) reports no release to the rules; its Starlark tells < 6.2.
+    assert definition["internalParameters"]["bazel"] == {
+        "declared": None,
+        "inferred": "< 6.2 (from features: native.package_relative_label is absent)",
+        "release": None,
+    }
+    assert "bazel" not in statement["predicate"]["runDetails"]["builder"]["version"]
 
     code, out, err = _check(capsys, "--root", str(bazel_bin), str(statement_path))
     assert code == 0, out + err

@@ -175,3 +175,76 @@ def test_check_help_documents_the_lookup(capsys: pytest.CaptureFixture[str]) -> 
     assert "PROVENANCE [ARTIFACT ...]" in text
     assert "default: PROVENANCE's directory, i.e. bazel-bin" in text
     assert "(exit 1)" in text and "(exit 2)" in text
+
+
+_RECORD = "predicate.buildDefinition.internalParameters.bazel"
+_INFERRED = (
+    "'>= 6.2 (from features: native.package_relative_label is present)', "
+    "'< 6.2 (from features: native.package_relative_label is absent)'"
+)
+
+
+def _no_record(statement: dict) -> None:
+    """The statement as it was before the record: the builder states a release nobody measured."""
+    del statement["predicate"]["buildDefinition"]["internalParameters"]["bazel"]
+    _version(statement)["bazel"] = "7.7.1"
+
+
+def _version(statement: dict) -> dict:
+    return statement["predicate"]["runDetails"]["builder"]["version"]
+
+
+def _set(key: str, value: object) -> object:
+    return lambda statement: statement["predicate"]["buildDefinition"]["internalParameters"]["bazel"].update(
+        {key: value}
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (_no_record, f"{_RECORD}: expected an object with the keys declared, inferred, release, found None"),
+        (
+            _set("measured", "7.7.1"),
+            f"{_RECORD}: expected an object with the keys declared, inferred, release, found "
+            "{'declared': None, 'inferred': '< 6.2 (from features: native.package_relative_label is "
+            "absent)', 'release': None, 'measured': '7.7.1'}",
+        ),
+        (_set("release", 7), f"{_RECORD}.release: expected a non-empty string or null, found 7"),
+        (_set("release", ""), f"{_RECORD}.release: expected a non-empty string or null, found ''"),
+        (
+            _set("declared", ["7.7.1"]),
+            f"{_RECORD}.declared: expected a non-empty string or null, found ['7.7.1']",
+        ),
+        (_set("inferred", "7.7.1"), f"{_RECORD}.inferred: expected one of {_INFERRED}, found '7.7.1'"),
+        (
+            lambda statement: _version(statement).update(bazel="4.2.3"),
+            "predicate.runDetails.builder.version.bazel: expected no entry (Bazel reported no release), "
+            "found '4.2.3'",
+        ),
+        (
+            _set("release", "8.1.0"),
+            "predicate.runDetails.builder.version.bazel: expected '8.1.0', found None",
+        ),
+    ],
+    ids=[
+        "none",
+        "extra-key",
+        "release-int",
+        "release-empty",
+        "declared-list",
+        "inferred",
+        "builder",
+        "unnamed",
+    ],
+)
+def test_check_refuses_a_malformed_bazel_record(
+    build: Build, capsys: pytest.CaptureFixture[str], change, problem: str
+) -> None:
+    """An attestation states only what was seen: the check refuses any other record of the Bazel."""
+    statement = _statement(build)
+    change(statement)
+    build.statement.write_text(json.dumps(statement))
+    code, out, err = _check(capsys, str(build.statement))
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines()[-1] == f"sparkseal provenance check: error: {build.statement}: {problem}"

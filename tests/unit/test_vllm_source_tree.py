@@ -211,3 +211,20 @@ def test_unpack_action(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         f"sparkseal: {sdist}: {TOP}/vllm/_version.py: commit id is '{SHORT}', but the lock expects commit "
         f"'{'0' * 40}'\n"
     )
+
+
+@pytest.mark.parametrize("repository", ["_main~sparkseal~vllm_sdist", "+sparkseal+vllm_sdist"])
+def test_the_action_names_the_sdist_as_the_user_wrote_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, repository: str
+) -> None:
+    """Under bzlmod the sdist is at external/<canonical name>/...; the error says external/vllm_sdist/..."""
+    monkeypatch.chdir(tmp_path)
+    sdist = Path("external") / repository / "file" / "vllm.tar.gz"
+    sdist.parent.mkdir(parents=True)
+    make_sdist(sdist, VERSION, SHORT, {"vllm/a.py": b"A\n"})
+    args = ["--sdist", str(sdist), "--version", VERSION, "--out", str(_out(tmp_path))]
+    assert unpack_action.main([*args, "--commit", "0" * 40]) == 1
+    assert capsys.readouterr().err == (
+        f"sparkseal: external/vllm_sdist/file/vllm.tar.gz: {TOP}/vllm/_version.py: commit id is '{SHORT}', "
+        f"but the lock expects commit '{'0' * 40}'\n"
+    )
