@@ -202,7 +202,7 @@ def _modules_arg(value: str) -> tuple[str, ...]:
 
 def _verify_modules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.core.manifest import ManifestError, load_manifest
-    from sparkseal.runtime.verify import render, verify_module
+    from sparkseal.integrity.verify import render, verify_module
 
     try:
         manifest = load_manifest(args.manifest)
@@ -215,7 +215,7 @@ def _verify_modules(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def _add_verify_modules(commands: argparse._SubParsersAction) -> None:
     from sparkseal.core.manifest import IMAGE_MANIFEST_PATH
-    from sparkseal.runtime.verify import DEFAULT_MODULES
+    from sparkseal.integrity.verify import DEFAULT_MODULES
 
     verify = commands.add_parser(
         "verify-modules",
@@ -242,7 +242,7 @@ def _add_verify_modules(commands: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sparkseal.core.manifest import ManifestError
-    from sparkseal.runtime.serve import serve
+    from sparkseal.integrity.serve import serve
 
     vllm_args = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     try:
@@ -253,7 +253,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     from sparkseal.core.manifest import IMAGE_MANIFEST_PATH
-    from sparkseal.runtime.verify import DEFAULT_MODULES
+    from sparkseal.integrity.verify import DEFAULT_MODULES
 
     serve = commands.add_parser(
         "serve",
@@ -494,7 +494,7 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
 
 
 # live-check options that a --profile may set: their parsers default to None, so that what a user gives
-# wins over the profile, and the profile over the plain default (sparkseal.runtime.live_check.options_for).
+# wins over the profile, and the profile over the plain default (sparkseal.live_check.config.options_for).
 _PROFILED = (
     "soak",
     "max_tokens",
@@ -508,7 +508,10 @@ _PROFILED = (
 
 
 def _live_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sparkseal.runtime.live_check import Unreachable, UsageError, options_for, render, run
+    from sparkseal.live_check.client import Unreachable
+    from sparkseal.live_check.config import UsageError, options_for
+    from sparkseal.live_check.report import render
+    from sparkseal.live_check.run import run
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
@@ -576,7 +579,7 @@ def _positive(kind: type) -> object:
 
 
 def _add_live_check(commands: argparse._SubParsersAction) -> None:
-    from sparkseal.runtime.live_check import PROFILES, TOP_LOGPROBS, default
+    from sparkseal.live_check.config import PROFILES, TOP_LOGPROBS, default
 
     def defaults(name: str) -> str:
         """'default: X' and, where a profile sets the option, 'reference: Y' (from live_check, not here)."""
@@ -811,15 +814,16 @@ def _add_live_check(commands: argparse._SubParsersAction) -> None:
 
 
 # Each command and the package that implements it. The image's sparkseal wheel ships sparkseal.core and
-# sparkseal.runtime only (sparkseal/BUILD), so there the commands of the other packages are not offered.
+# the packages that run in the image only (sparkseal/BUILD), so there the commands of the others are not
+# offered.
 _COMMANDS = (
     ("sparkseal.fetch", _add_lock),
     ("sparkseal.audit", _add_verify),
-    ("sparkseal.runtime", _add_verify_modules),
-    ("sparkseal.runtime", _add_serve),
+    ("sparkseal.integrity", _add_verify_modules),
+    ("sparkseal.integrity", _add_serve),
     ("sparkseal.core", _add_scan),
     ("sparkseal.audit", _add_nccl_diff),
-    ("sparkseal.runtime", _add_live_check),
+    ("sparkseal.live_check", _add_live_check),
     ("sparkseal.audit", _add_provenance),
 )
 

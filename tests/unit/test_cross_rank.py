@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from sparkseal.core import manifest as mm
-from sparkseal.runtime import live_check, plugin
+from sparkseal.live_check.logs import MODULE_CHECK
+from sparkseal.vllm_integration import plugin
 from tests.installed_tree import make_venv
 from tests.servers.loopback import free_port
 
@@ -61,7 +62,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
-from sparkseal.runtime import plugin
+from sparkseal.vllm_integration import plugin
 
 rank, port, site, out, mode, manifest, backend = sys.argv[1:8]
 modules = ("vllm", "torch", "sparkseal")
@@ -236,7 +237,7 @@ def test_hook_checks_ranks_when_vllm_builds_its_groups(tmp_path: Path, trees: tu
     assert [result["hooked"] for result in results] == [True, True]
     # The line `sparkseal live-check` reads from the server log, one per rank, the same digest on both.
     lines = [result["log"].strip() for result in results]
-    matches = [live_check._MODULE_CHECK.search(line) for line in lines]
+    matches = [MODULE_CHECK.search(line) for line in lines]
     assert all(matches), lines
     assert [(m["rank"], m["ranks"], m["modules"]) for m in matches] == [
         ("0", "2", "vllm, torch, sparkseal"),
@@ -297,7 +298,7 @@ def test_register_wraps_vllm_parallel_state_once(tmp_path: Path) -> None:
     shutil.rmtree(site / "torch")  # the stand-in imports the real torch.distributed
     script = """
 import sys
-from sparkseal.runtime import plugin
+from sparkseal.vllm_integration import plugin
 assert "vllm" not in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
 plugin.register()
 from vllm.distributed import parallel_state
@@ -329,7 +330,7 @@ def test_the_switch_puts_our_backend_first_for_mla_on_capability_12(
     shutil.rmtree(site / "torch")
     script = """
 from types import SimpleNamespace as N
-from sparkseal.runtime import plugin
+from sparkseal.vllm_integration import plugin
 plugin.register()
 plugin.register_attention_backend()
 from vllm.platforms import cuda
@@ -353,7 +354,7 @@ def test_an_unclear_switch_stops_the_plugin(tmp_path: Path) -> None:
     site = _tree(tmp_path)
     shutil.rmtree(site / "torch")
     done = subprocess.run(
-        [sys.executable, "-c", "from sparkseal.runtime import plugin; plugin.register()"],
+        [sys.executable, "-c", "from sparkseal.vllm_integration import plugin; plugin.register()"],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "SPARKSEAL_SPARSE_MLA": "yes please"},
         capture_output=True,
         text=True,
@@ -366,7 +367,7 @@ def test_an_unclear_switch_stops_the_plugin(tmp_path: Path) -> None:
 def test_entry_point_is_declared_for_vllm() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["vllm.general_plugins"] == {
-        "sparkseal": "sparkseal.runtime.plugin:register"
+        "sparkseal": "sparkseal.vllm_integration.plugin:register"
     }
 
 

@@ -21,8 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkseal.runtime import _lib, dspark  # noqa: E402 (needs torch)
-from sparkseal.runtime.dspark_ref import PAD_SLOT_ID  # noqa: E402
+from sparkseal.kernels import _lib, dspark  # noqa: E402 (needs torch)
+from sparkseal.kernels.dspark_ref import PAD_SLOT_ID  # noqa: E402
 from tests.dspark_kernel import STALE  # noqa: E402
 from tests.unit.test_dspark_ref import (  # noqa: E402
     DFLASH_BATCH,
@@ -84,7 +84,7 @@ int main(void) {{
         "abi": dspark.ABI_VERSION,
         "pad": PAD_SLOT_ID,
     }
-    assert ctypes_layout == layout, f"{HEADER} and sparkseal/runtime/dspark.py disagree"
+    assert ctypes_layout == layout, f"{HEADER} and sparkseal/kernels/dspark.py disagree"
 
 
 def test_header_declares_every_struct_field() -> None:

@@ -1,4 +1,4 @@
-"""The PyTorch reference of DSpark/DFlash draft-input preparation (sparkseal/runtime/dspark_ref.py).
+"""The PyTorch reference of DSpark/DFlash draft-input preparation (sparkseal/kernels/dspark_ref.py).
 
 Hand-computed batches pin the semantics down; random batches check that the reference equals the
 PATCHED vLLM Triton kernel run in Triton's interpreter on CPU, and that it differs from the
@@ -24,7 +24,7 @@ from tests.dspark_kernel import OUTPUT_DTYPES, SPECULATOR_RELPATH, STALE, DraftB
 
 torch = pytest.importorskip("torch")
 
-from sparkseal.runtime.dspark_ref import (  # noqa: E402 (needs torch)
+from sparkseal.kernels.dspark_ref import (  # noqa: E402 (needs torch)
     PAD_SLOT_ID,
     num_query_per_req_for,
     prepare_inputs_reference,

@@ -149,16 +149,24 @@ def test_every_starlark_file_loads(tmp_path: Path) -> None:
 
 
 # Which packages of ours each part of sparkseal may import: the core at the bottom imports nothing else of
-# ours; action programs, fetch helpers, auditors and the runtime sit on it and never on each other (an
-# action program imports no other action program either); the command line sits on everything. The
-# package root (``sparkseal/__init__.py``) holds only the version and may be imported by all.
+# ours; action programs, fetch helpers, auditors, the kernel bindings, module verification and the live
+# checker sit on it and never on each other (an action program imports no other action program either);
+# the vLLM integration sits on the kernel bindings and module verification (the plugin checks the ranks'
+# modules, the backend calls the kernels); the command line sits on everything. The package root
+# (``sparkseal/__init__.py``) holds only the version and may be imported by all.
 ALLOWED_IMPORTS = {
     "core": {"core"},
     "actions": {"core"},
     "fetch": {"core", "fetch"},
     "audit": {"core", "audit"},
-    "runtime": {"core", "runtime"},
-    "cli": {"core", "actions", "fetch", "audit", "runtime", "cli"},
+    "kernels": {"core", "kernels"},
+    "integrity": {"core", "integrity"},
+    "live_check": {"core", "live_check"},
+    "vllm_integration": {"core", "kernels", "integrity", "vllm_integration"},
+    "cli": {
+        *("core", "actions", "fetch", "audit"),
+        *("kernels", "integrity", "live_check", "vllm_integration", "cli"),
+    },
 }
 
 
@@ -207,7 +215,7 @@ def _package_modules() -> dict[Path, str]:
 
 
 def test_imports_flow_one_way() -> None:
-    """core <- actions, fetch, audit, runtime <- cli: no module imports against the direction."""
+    """core <- actions, fetch, audit, kernels, integrity, live_check <- vllm_integration <- cli: one way."""
     modules = _package_modules()
     assert {_part(rel) for rel in modules} == set(ALLOWED_IMPORTS), sorted({_part(r) for r in modules})
     assert import_violations(modules) == []
@@ -216,7 +224,9 @@ def test_imports_flow_one_way() -> None:
 def test_the_import_check_names_an_upward_import() -> None:
     modules = {
         Path("sparkseal/actions/oci_layer.py"): "from sparkseal.audit.scan import scan_stream\n",
-        Path("sparkseal/core/tar.py"): "import os\n\n\ndef f():\n    from sparkseal.runtime import verify\n",
+        Path("sparkseal/core/tar.py"): (
+            "import os\n\n\ndef f():\n    from sparkseal.integrity import verify\n"
+        ),
         Path(
             "sparkseal/actions/sbom.py"
         ): "from sparkseal import __version__\nfrom sparkseal.actions import oci_image\n",
@@ -227,7 +237,7 @@ def test_the_import_check_names_an_upward_import() -> None:
         "only sparkseal.core",
         "sparkseal/actions/sbom.py:2: imports sparkseal.actions.oci_image; sparkseal.actions may import only "
         "sparkseal.core",
-        "sparkseal/core/tar.py:5: imports sparkseal.runtime.verify; sparkseal.core may import only "
+        "sparkseal/core/tar.py:5: imports sparkseal.integrity.verify; sparkseal.core may import only "
         "sparkseal.core",
     ]
 
@@ -341,7 +351,7 @@ def test_the_cycle_check_names_a_planted_cycle() -> None:
         Path("sparkseal/fetch/b.py"): "import sparkseal.fetch.c\n",
         Path("sparkseal/fetch/c.py"): "\n\nfrom sparkseal.fetch.a import x\n",
         # the same names in two folders are no cycle; one-way imports are none either
-        Path("sparkseal/runtime/a.py"): "from sparkseal.core.b import y\n",
+        Path("sparkseal/kernels/a.py"): "from sparkseal.core.b import y\n",
         Path("sparkseal/core/b.py"): "from sparkseal.core import c\n",
         Path("sparkseal/core/c.py"): "",
     }

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkseal.runtime import sparse_mla
-from sparkseal.runtime.sparse_mla import check_inputs, sparse_mla_decode, sparse_mla_decode_into
-from sparkseal.runtime.sparse_mla_ref import LAYOUTS, PAGE_SIZE, Layout
+from sparkseal.kernels import sparse_mla
+from sparkseal.kernels.sparse_mla import check_inputs, sparse_mla_decode, sparse_mla_decode_into
+from sparkseal.kernels.sparse_mla_ref import LAYOUTS, PAGE_SIZE, Layout
 
 HEADER = Path(__file__).resolve().parents[2] / "kernels_sm121" / "include" / "sparkseal" / "sparse_mla.h"
 
@@ -189,7 +189,7 @@ def test_invalid_inputs_are_rejected_with_expected_and_actual(
 ) -> None:
     with pytest.raises(ValueError, match=message) as info:
         _check(**overrides)
-    assert str(info.value).startswith("sparkseal/runtime/sparse_mla.py: sparkseal::sparse_mla_decode: ")
+    assert str(info.value).startswith("sparkseal/kernels/sparse_mla.py: sparkseal::sparse_mla_decode: ")
 
 
 def test_bf16_layout_record_size_is_counted_in_values() -> None:
@@ -236,7 +236,7 @@ def test_fake_implementation_checks_too() -> None:
         )
 
 
-WHERE = "sparkseal/runtime/sparse_mla.py: sparkseal::sparse_mla_decode: "
+WHERE = "sparkseal/kernels/sparse_mla.py: sparkseal::sparse_mla_decode: "
 
 
 def _buffers(tokens: int = 3, heads: int = 16, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

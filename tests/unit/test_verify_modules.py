@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal.core import manifest as mm
-from sparkseal.runtime import verify
+from sparkseal.integrity import verify
 from tests.installed_tree import install, make_venv
 
 REPO = Path(__file__).resolve().parents[2]

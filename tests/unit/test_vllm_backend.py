@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkseal.runtime import sparse_mla_vllm as rules
+from sparkseal.vllm_integration import sparse_mla_vllm as rules
 from tests import dspark_kernel
 
 SPARSE_UTILS = Path("vllm/v1/attention/backends/mla/sparse_utils.py")
@@ -196,7 +196,7 @@ def test_switch_and_smem_cap_settings() -> None:
 
 @pytest.fixture
 def vllm_dsv4(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """``sparkseal.runtime.vllm_dsv4`` imported against a stand-in for the one vLLM module it needs."""
+    """``vllm_integration.vllm_dsv4`` imported against a stand-in for the one vLLM module it needs."""
     import importlib
     import sys
     import types
@@ -206,11 +206,11 @@ def vllm_dsv4(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     ops = types.ModuleType("vllm.models.deepseek_v4.common.ops")
     ops.compute_global_topk_indices_and_lens = None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, ops.__name__, ops)
-    monkeypatch.delitem(sys.modules, "sparkseal.runtime.vllm_dsv4", raising=False)
-    yield importlib.import_module("sparkseal.runtime.vllm_dsv4")
+    monkeypatch.delitem(sys.modules, "sparkseal.vllm_integration.vllm_dsv4", raising=False)
+    yield importlib.import_module("sparkseal.vllm_integration.vllm_dsv4")
     # Not left importable against the stand-in.
-    sys.modules.pop("sparkseal.runtime.vllm_dsv4", None)
-    monkeypatch.delattr("sparkseal.runtime.vllm_dsv4", raising=False)
+    sys.modules.pop("sparkseal.vllm_integration.vllm_dsv4", None)
+    monkeypatch.delattr("sparkseal.vllm_integration.vllm_dsv4", raising=False)
 
 
 def test_deepseek_v4_class_needs_a_base_with_a_decode_step(vllm_dsv4) -> None:  # type: ignore[no-untyped-def]
@@ -352,7 +352,8 @@ def test_a_v4_target_on_our_class_is_refused_under_speculative_decoding(  # type
     with pytest.raises(rules.UnsupportedConfiguration) as refused:
         cls(_v4_config(False, speculative), prefix="model.layers.0.attn")
     assert str(refused.value) == (
-        "model.layers.0.attn: sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py): speculative "
+        "model.layers.0.attn: sparkseal DeepSeek V4 decode (sparkseal/vllm_integration/vllm_dsv4.py): "
+        "speculative "
         "decoding with the target's layers on this kernel: expected no --speculative-config (on vLLM 0.25.1 "
         "with a DSpark draft, the draft's cache held a NaN record at the prompt's last position, which this "
         "kernel and FlashMLA's both turn into NaN rows, and the engine died at its first verification steps; "

@@ -8,7 +8,7 @@ ours. Every query token (decode, speculative and prefill rows alike) goes throug
 ``torch.ops.sparkseal.sparse_mla_decode``: a sparse row is the same computation whatever phase the
 token is in, and vLLM's own prefill kernels for this layout (FlashMLA's) are not built for GB10.
 
-The plugin (``sparkseal.runtime.plugin``) registers :class:`SparksealSparseMLABackend` as ``CUSTOM``;
+The plugin (``sparkseal.vllm_integration.plugin``) registers :class:`SparksealSparseMLABackend` as ``CUSTOM``;
 ``--attention-backend CUSTOM`` selects it, and ``SPARKSEAL_SPARSE_MLA=1`` puts it first for sparse
 MLA on capability 12.x. Anything it cannot serve is refused while vLLM builds the model: the backend's
 ``supports_combination`` names the reason in vLLM's "backend is not valid" error, and the layer
@@ -17,9 +17,10 @@ implementation checks the model's shapes when it is made, before any request.
 DeepSeek V4 does not go through vLLM's generic sparse-MLA interface: it builds each layer's attention
 from a per-platform class (``vllm/models/deepseek_v4/nvidia/model.py``). Our patch
 ``0002-deepseek-v4-custom-attention-backend.patch`` asks this class for a V4 class with ``CUSTOM``
-(:meth:`SparksealSparseMLABackend.deepseek_v4_attention_cls`); ``sparkseal.runtime.vllm_dsv4`` derives
-it, with our kernel for V4's decode rows. With ``SPARKSEAL_SPARSE_MLA=1`` and no ``--attention-backend``,
-V4 on capability 12.x takes that class too (:meth:`SparksealSparseMLABackend.deepseek_v4_by_default`).
+(:meth:`SparksealSparseMLABackend.deepseek_v4_attention_cls`); ``sparkseal.vllm_integration.vllm_dsv4``
+derives it, with our kernel for V4's decode rows. With ``SPARKSEAL_SPARSE_MLA=1`` and no
+``--attention-backend``, V4 on capability 12.x takes that class too
+(:meth:`SparksealSparseMLABackend.deepseek_v4_by_default`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from sparkseal.runtime import sparse_mla_vllm as rules
-from sparkseal.runtime.sparse_mla import sparse_mla_decode
-from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE
+from sparkseal.kernels.sparse_mla import sparse_mla_decode
+from sparkseal.kernels.sparse_mla_ref import PAGE_SIZE
+from sparkseal.vllm_integration import sparse_mla_vllm as rules
 
 
 class SparksealSparseMLABackend(AttentionBackend):
@@ -90,7 +91,7 @@ class SparksealSparseMLABackend(AttentionBackend):
     @classmethod
     def deepseek_v4_attention_cls(cls, base: type) -> type:
         """DeepSeek V4's attention class for ``CUSTOM``: ``base`` (vLLM's pick) with our decode kernel."""
-        from sparkseal.runtime.vllm_dsv4 import attention_class
+        from sparkseal.vllm_integration.vllm_dsv4 import attention_class
 
         return attention_class(base)
 

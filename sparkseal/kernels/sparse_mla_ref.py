@@ -57,7 +57,7 @@ def get_layout(name: str) -> Layout:
         return LAYOUTS[name]
     except KeyError:
         raise ValueError(
-            f"sparkseal/runtime/sparse_mla_ref.py: layout: expected one of {sorted(LAYOUTS)}, got {name!r}"
+            f"sparkseal/kernels/sparse_mla_ref.py: layout: expected one of {sorted(LAYOUTS)}, got {name!r}"
         ) from None
 
 
@@ -89,7 +89,7 @@ def pack_cache(latent: torch.Tensor, layout: Layout, page_size: int = PAGE_SIZE)
     n, dim = latent.shape
     if dim != layout.q_dim or n % page_size != 0:
         raise ValueError(
-            f"sparkseal/runtime/sparse_mla_ref.py: latent: expected [k * {page_size}, {layout.q_dim}], "
+            f"sparkseal/kernels/sparse_mla_ref.py: latent: expected [k * {page_size}, {layout.q_dim}], "
             f"got {list(latent.shape)}"
         )
     pages = n // page_size
@@ -121,7 +121,7 @@ def pack_cache(latent: torch.Tensor, layout: Layout, page_size: int = PAGE_SIZE)
 def _check_cache(cache: torch.Tensor, layout: Layout) -> tuple[int, int]:
     if cache.dim() != 3 or cache.shape[2] != layout.record_elems or cache.dtype != layout.cache_dtype:
         raise ValueError(
-            f"sparkseal/runtime/sparse_mla_ref.py: cache: expected {layout.cache_dtype} "
+            f"sparkseal/kernels/sparse_mla_ref.py: cache: expected {layout.cache_dtype} "
             f"[num_pages, page_size, {layout.record_elems}], got {cache.dtype} {list(cache.shape)}"
         )
     return cache.shape[0], cache.shape[1]
@@ -196,7 +196,7 @@ def sparse_mla_decode_ref(
     if extra_cache is not None:
         if extra_indices is None:
             raise ValueError(
-                "sparkseal/runtime/sparse_mla_ref.py: extra_indices: expected a tensor, got None"
+                "sparkseal/kernels/sparse_mla_ref.py: extra_indices: expected a tensor, got None"
             )
         sources.append((unpack_cache(extra_cache, layout), extra_indices, extra_topk_length))
     num_tokens, num_heads, _ = q.shape

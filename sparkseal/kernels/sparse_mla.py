@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from sparkseal.runtime import _lib
-from sparkseal.runtime.sparse_mla_ref import LAYOUTS, V_DIM, Layout
+from sparkseal.kernels import _lib
+from sparkseal.kernels.sparse_mla_ref import LAYOUTS, V_DIM, Layout
 
 SUPPORTED_HEADS = (16, 32, 64, 128)
 # Slot ids are int32 in vLLM and in the kernel.
@@ -37,7 +37,7 @@ ABI_VERSION = 2
 # as a second e4m3 term (bf16-level accuracy).
 QK_MODES = {"auto": 0, "bf16": 1, "fp8": 2, "fp8x2": 3}
 QK_NAMES = {code: name for name, code in QK_MODES.items()}
-_WHERE = "sparkseal/runtime/sparse_mla.py: sparkseal::sparse_mla_decode"
+_WHERE = "sparkseal/kernels/sparse_mla.py: sparkseal::sparse_mla_decode"
 
 
 class SparseMLAError(RuntimeError):

@@ -11,7 +11,7 @@ call time) right after the process groups are made and before the model is loade
 group (with pipeline parallelism, several of them), so one check covers every rank of the deployment. In
 the API and engine-core processes the wrapper is installed but never called.
 
-The check hashes the files of vllm, torch and sparkseal (``sparkseal.runtime.verify``), compares them with
+The check hashes the files of vllm, torch and sparkseal (``sparkseal.integrity.verify``), compares them with
 the image's manifest when the image carries one, and all-gathers a digest of the hashes. When digests
 differ or any rank found a problem, every rank gathers the full lists, and every rank raises the same
 :class:`RankMismatchError` naming the differing files and ranks: worker start-up fails everywhere instead
@@ -19,7 +19,7 @@ of one rank serving different code. ``VLLM_PLUGINS`` (a vLLM setting) selects wh
 plugin's entry point name is ``sparkseal``.
 
 The plugin also registers our sparse-MLA kernel as vLLM's ``CUSTOM`` attention backend (a class path;
-see :func:`register_attention_backend` and ``sparkseal.runtime.vllm_backend``).
+see :func:`register_attention_backend` and ``sparkseal.vllm_integration.vllm_backend``).
 
 Nothing here imports vllm or torch at module import time.
 """
@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from sparkseal.core.manifest import IMAGE_MANIFEST_PATH, ManifestError, listing_digest, load_manifest
-from sparkseal.runtime.verify import (
+from sparkseal.integrity.verify import (
     DEFAULT_MODULES,
     VerifyError,
     compare_files,
@@ -189,7 +189,7 @@ def install_hook(
     parallel_state.initialize_model_parallel = initialize_model_parallel
 
 
-BACKEND_CLASS = "sparkseal.runtime.vllm_backend.SparksealSparseMLABackend"
+BACKEND_CLASS = "sparkseal.vllm_integration.vllm_backend.SparksealSparseMLABackend"
 _PREFERRED = "_sparkseal_sparse_mla_first"
 
 
@@ -203,7 +203,7 @@ def register_attention_backend(environ: Mapping[str, str] | None = None) -> None
     """
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    from sparkseal.runtime.sparse_mla_vllm import switch_enabled
+    from sparkseal.vllm_integration.sparse_mla_vllm import switch_enabled
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_CLASS)
     if not switch_enabled(os.environ if environ is None else environ):

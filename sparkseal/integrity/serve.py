@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkseal.core.manifest import load_manifest
-from sparkseal.runtime.verify import render, verify_module
+from sparkseal.integrity.verify import render, verify_module
 
 
 def serve(vllm_args: Sequence[str], manifest_path: Path, modules: Sequence[str]) -> int:

@@ -1,7 +1,7 @@
 """What our vLLM sparse-MLA backend decides without vLLM: support checks, index conversion, settings.
 
-``sparkseal.runtime.vllm_backend`` wires these into vLLM's backend classes; keeping them here lets them
-be tested on a CPU-only machine, where vLLM cannot be imported.
+``sparkseal.vllm_integration.vllm_backend`` wires these into vLLM's backend classes; keeping them here lets
+them be tested on a CPU-only machine, where vLLM cannot be imported.
 
 The index conversion is the one vLLM's ``triton_convert_req_index_to_global_index`` performs
 (``vllm/v1/attention/backends/mla/sparse_utils.py``): the indexer writes per-request token positions,
@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 import torch
 
-from sparkseal.runtime.sparse_mla import SUPPORTED_HEADS
-from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE, ROPE_DIM, V4_FP8, V32_BF16, V32_FP8, V_DIM, Layout
+from sparkseal.kernels.sparse_mla import SUPPORTED_HEADS
+from sparkseal.kernels.sparse_mla_ref import PAGE_SIZE, ROPE_DIM, V4_FP8, V32_BF16, V32_FP8, V_DIM, Layout
 
 # The operator's switch: "1" makes our backend vLLM's first choice for sparse MLA on capability 12.x
 # (GB10), where vLLM would otherwise pick FLASHINFER_MLA_SPARSE_SM120. `--attention-backend CUSTOM`
@@ -33,7 +33,7 @@ MAX_SMEM_ENV = "SPARKSEAL_SPARSE_MLA_MAX_SMEM"
 # otherwise (dsv4_speculative_reason says why); for reproducing that failure, not for serving.
 V4_SPECULATIVE_ENV = "SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE"
 BACKEND_NAME = "CUSTOM"
-WHERE = "sparkseal sparse-MLA backend (sparkseal/runtime/vllm_backend.py)"
+WHERE = "sparkseal sparse-MLA backend (sparkseal/vllm_integration/vllm_backend.py)"
 
 # vLLM's kv-cache dtype -> the kernel's cache layout. "auto"/"bfloat16" store 576 bf16 values per
 # token (V3.2 bf16); "fp8_ds_mla" stores DeepSeek V3.2's 656-byte fp8 records.
@@ -44,7 +44,7 @@ KV_LORA_RANK = V_DIM
 # cache, both in V4's 584-byte fp8 records (vLLM's fp8_ds_mla layout for V4).
 DSV4_LAYOUT = V4_FP8
 DSV4_COMPRESS_RATIOS = (1, 4, 128)
-DSV4_WHERE = "sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py)"
+DSV4_WHERE = "sparkseal DeepSeek V4 decode (sparkseal/vllm_integration/vllm_dsv4.py)"
 # Compute capabilities the kernel library is compiled for: sm_90a (the H200 variant) and sm_121a (GB10).
 CAPABILITIES = ((9, 0), (12, 1))
 

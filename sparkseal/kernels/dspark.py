@@ -5,7 +5,7 @@ The op takes the arguments of vLLM's ``_prepare_dflash_inputs_kernel`` (v0.25.1,
 tensors in place, and returns nothing. On CUDA tensors it enqueues the kernel of
 ``libsparkseal_kernels.so`` (C ABI in ``kernels_sm121/include/sparkseal/dspark.h``) on the current
 stream, with no host synchronization, so it can be captured into a CUDA graph. On CPU tensors it
-runs the PyTorch reference (:mod:`sparkseal.runtime.dspark_ref`). Arguments are checked on the host
+runs the PyTorch reference (:mod:`sparkseal.kernels.dspark_ref`). Arguments are checked on the host
 before anything runs; a bad one raises ``ValueError`` naming the argument, the expected and the
 actual value.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from sparkseal.runtime import _lib
-from sparkseal.runtime.dspark_ref import num_query_per_req_for, prepare_inputs_reference
+from sparkseal.kernels import _lib
+from sparkseal.kernels.dspark_ref import num_query_per_req_for, prepare_inputs_reference
 
 OP_NAME = "sparkseal::dspark_prepare_inputs"
 # SPARKSEAL_DSPARK_ABI_VERSION of the header this module was written against.

@@ -4,7 +4,7 @@ With ``SPARKSEAL_SPARSE_MLA_V4_DEBUG=DIR`` (off by default; run the server with 
 synchronises), every decode call of our V4 class is checked after the kernel ran. For a call whose output
 holds a NaN row, the log says which rows, whether the query rows were NaN already (the NaN came from an
 earlier layer), what vLLM's own class (the base class, FlashMLA's on an H200) and the float32 reference
-(:func:`sparkseal.runtime.sparse_mla_ref.sparse_mla_decode_ref`) give for the same inputs, and the largest
+(:func:`sparkseal.kernels.sparse_mla_ref.sparse_mla_decode_ref`) give for the same inputs, and the largest
 ue8m0 scale byte among the records the rows read; the inputs themselves (query rows, index rows, lengths,
 attention sink, and the cache pages the rows name, renumbered) are saved to ``DIR`` for replay on any
 machine. At most ``MAX_DUMPS`` calls are dumped.
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sparkseal.runtime.sparse_mla_ref import V4_DATA_BYTES, V4_FP8, V4_SCALE_BYTES, sparse_mla_decode_ref
+from sparkseal.kernels.sparse_mla_ref import V4_DATA_BYTES, V4_FP8, V4_SCALE_BYTES, sparse_mla_decode_ref
 
 DEBUG_ENV = "SPARKSEAL_SPARSE_MLA_V4_DEBUG"
 MAX_DUMPS = 8

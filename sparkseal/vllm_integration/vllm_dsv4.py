@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
 
-from sparkseal.runtime import sparse_mla_vllm as rules
-from sparkseal.runtime import vllm_dsv4_debug
-from sparkseal.runtime.sparse_mla import sparse_mla_decode, sparse_mla_decode_into
+from sparkseal.kernels.sparse_mla import sparse_mla_decode, sparse_mla_decode_into
+from sparkseal.vllm_integration import sparse_mla_vllm as rules
+from sparkseal.vllm_integration import vllm_dsv4_debug
 
 # vLLM configures only its own logger tree; the plugin logs under it too.
 logger = logging.getLogger("vllm.sparkseal")
