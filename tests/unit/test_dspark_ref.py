@@ -3,7 +3,7 @@
 Hand-computed batches pin the semantics down; random batches check that the reference equals the
 PATCHED vLLM Triton kernel run in Triton's interpreter on CPU, and that it differs from the
 pristine v0.25.1 kernel exactly where the patch changes behaviour. The helpers here (random
-batches, op arguments) are shared with test_dspark_binding.py and test_dspark_gpu.py.
+batches, op arguments) are shared with test_dspark.py and test_dspark_gpu.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The cross-rank module check: two real processes over torch.distributed (gloo on 127.0.0.1).
+"""The vLLM plugin (sparkseal/vllm_integration/plugin.py): its backend switch, and the cross-rank module
+check in two real processes over torch.distributed (gloo on 127.0.0.1).
 
 Each rank hashes its own copy of an installed tree; rank 1's copy is tampered in the failing cases, and
 both ranks must stop with the same message naming the file and the ranks.
