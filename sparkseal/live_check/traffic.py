@@ -37,12 +37,12 @@ def _max_model_len(data: list[Any], model: str) -> int | None:
     return None
 
 
-def percentile(values: list[float], fraction: float) -> float:
+def _percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def soak_requests(
+def _soak_requests(
     client: Client,
     model: str,
     prompts: list[list[int]],
@@ -106,6 +106,138 @@ def _serial_soak_with_metrics(
         accepted = after.get(METRIC_ACCEPTED_TOKENS, 0.0) - before.get(METRIC_ACCEPTED_TOKENS, 0.0)
         per_request.append((int(drafts), int(accepted)))
     return results, time.monotonic() - start, per_request
+
+
+def server_step(report: Report, options: Options, client: Client) -> bool:
+    """Reachability and the model name (an unreachable server raises Unreachable here); True when served."""
+    with report.timed("server", ok=False) as server:
+        try:
+            models = client.get_json("/v1/models", options.timeout)
+            listed = [str(entry["id"]) for entry in models["data"]]
+        except RequestFailed as error:
+            report.flag(server, error.kind, f"server: {error}")
+        except (KeyError, TypeError):
+            report.flag(
+                server, "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}"
+            )
+        else:
+            report.model = options.model or (listed[0] if listed else "")
+            if not report.model or report.model not in listed:
+                report.flag(
+                    server,
+                    "no-model",
+                    f"/v1/models: model {report.model!r} is not served (listed: {listed})",
+                )
+            else:
+                server.ok = True
+                server.figures = {"models": listed}
+                max_model_len = _max_model_len(models["data"], report.model)
+                if max_model_len is not None:
+                    server.figures["max_model_len"] = max_model_len
+    return server.ok
+
+
+def first_request_step(
+    report: Report,
+    options: Options,
+    client: Client,
+    prompt: list[int],
+    max_tokens: int,
+    progress: Callable[[str], None],
+) -> bool:
+    """The first request, with its own (long) deadline: graph capture and compilation may still be warming."""
+    with report.timed("first-request", ok=False) as first:
+        try:
+            with heartbeat(progress, "first request", options.progress_interval):
+                result = complete(client, report.model, prompt, max_tokens, options.first_timeout)
+        except RequestFailed as error:
+            report.flag(first, error.kind, f"first request: {error}")
+            return False
+        first.ok = True
+        first.figures = {"seconds": round(result.seconds, 3), "completion_tokens": result.completion_tokens}
+    return True
+
+
+def soak_step(
+    report: Report,
+    options: Options,
+    client: Client,
+    prompts: list[list[int]],
+    max_tokens: int,
+    progress: Callable[[str], None],
+) -> tuple[list[Completion | RequestFailed], list[tuple[int, int] | None] | None]:
+    """Every prompt once, serially or with several clients: the completions (or failures) in prompt order,
+    and with --min-request-accepted-length each request's (drafts, accepted tokens)."""
+    progress(f"soak: {len(prompts)} requests of {max_tokens} tokens, {options.concurrency} client(s) ...")
+    soak_start = time.monotonic()
+    soak_before = read_metrics(client, options.timeout)
+    # Only a recording asks for log-probabilities: a checked server runs exactly the requests it serves.
+    logprobs = options.top_logprobs if options.record is not None else 0
+    per_request: list[tuple[int, int] | None] | None = None
+    if options.min_request_accepted_length is not None:
+        results, wall, per_request = _serial_soak_with_metrics(
+            client, report.model, prompts, max_tokens, options.timeout, logprobs
+        )
+    else:
+        results, wall = _soak_requests(
+            client, report.model, prompts, max_tokens, options.timeout, options.concurrency, logprobs
+        )
+    soak_after = read_metrics(client, options.timeout)
+    done = [r for r in results if isinstance(r, Completion)]
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, RequestFailed)]
+    tokens = sum(r.completion_tokens for r in done)
+    soak = Step("soak", ok=not failed)
+    soak.figures = {
+        "requests": len(prompts),
+        "succeeded": len(done),
+        "failed": len(failed),
+        "concurrency": options.concurrency,
+        "max_tokens": max_tokens,
+        "completion_tokens": tokens,
+        "expected_completion_tokens": len(prompts) * max_tokens,
+        "seconds": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
+    }
+    if done:
+        latencies = [r.seconds for r in done]
+        soak.figures["latency_p50_s"] = round(statistics.median(latencies), 4)
+        soak.figures["latency_p95_s"] = round(_percentile(latencies, 0.95), 4)
+    ttft = mean_delta(soak_before, soak_after, METRIC_TTFT_SUM, METRIC_TTFT_COUNT)
+    if ttft is not None:
+        soak.figures["ttft_mean_s"] = round(ttft, 4)
+    decode = decode_rate(soak_before, soak_after)
+    if decode is not None:
+        soak.figures["decode_tokens_per_s"] = decode
+    if per_request is not None:
+        soak.figures["per_request_metrics"] = True  # /metrics read between requests: wall time includes it
+    empty = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
+    if empty:
+        report.flag(soak, "empty", f"soak: {len(empty)} request(s) returned no tokens (first: #{empty[0]})")
+    # Every request sets ignore_eos, so each runs to max_tokens: fewer is a server that stopped early.
+    short = [
+        (i, r.completion_tokens)
+        for i, r in enumerate(results)
+        if isinstance(r, Completion) and 0 < r.completion_tokens < max_tokens
+    ]
+    if short:
+        index, count = short[0]
+        report.flag(
+            soak,
+            "short",
+            f"soak: {len(short)} request(s) returned fewer than the {max_tokens} tokens asked for, "
+            f"{tokens} of {len(prompts) * max_tokens} in all (first: #{index}, {count} tokens)",
+        )
+    soak.seconds = round(time.monotonic() - soak_start, 3)
+    report.steps.append(soak)
+    for kind in sorted({r.kind for _, r in failed}):
+        of_kind = [(i, r) for i, r in failed if r.kind == kind]
+        index, error = of_kind[0]
+        report.flag(
+            soak,
+            kind,
+            f"soak: {len(of_kind)} of {len(prompts)} requests failed ({kind}); first #{index}: {error}",
+        )
+    return results, per_request
 
 
 def prefix_cache_step(
@@ -267,135 +399,3 @@ def context_step(
                 "did "
                 "not move)",
             )
-
-
-def server_step(report: Report, options: Options, client: Client) -> bool:
-    """Reachability and the model name (an unreachable server raises Unreachable here); True when served."""
-    with report.timed("server", ok=False) as server:
-        try:
-            models = client.get_json("/v1/models", options.timeout)
-            listed = [str(entry["id"]) for entry in models["data"]]
-        except RequestFailed as error:
-            report.flag(server, error.kind, f"server: {error}")
-        except (KeyError, TypeError):
-            report.flag(
-                server, "malformed", f"/v1/models: no model list in the answer: {str(models)[:200]!r}"
-            )
-        else:
-            report.model = options.model or (listed[0] if listed else "")
-            if not report.model or report.model not in listed:
-                report.flag(
-                    server,
-                    "no-model",
-                    f"/v1/models: model {report.model!r} is not served (listed: {listed})",
-                )
-            else:
-                server.ok = True
-                server.figures = {"models": listed}
-                max_model_len = _max_model_len(models["data"], report.model)
-                if max_model_len is not None:
-                    server.figures["max_model_len"] = max_model_len
-    return server.ok
-
-
-def first_request_step(
-    report: Report,
-    options: Options,
-    client: Client,
-    prompt: list[int],
-    max_tokens: int,
-    progress: Callable[[str], None],
-) -> bool:
-    """The first request, with its own (long) deadline: graph capture and compilation may still be warming."""
-    with report.timed("first-request", ok=False) as first:
-        try:
-            with heartbeat(progress, "first request", options.progress_interval):
-                result = complete(client, report.model, prompt, max_tokens, options.first_timeout)
-        except RequestFailed as error:
-            report.flag(first, error.kind, f"first request: {error}")
-            return False
-        first.ok = True
-        first.figures = {"seconds": round(result.seconds, 3), "completion_tokens": result.completion_tokens}
-    return True
-
-
-def soak_step(
-    report: Report,
-    options: Options,
-    client: Client,
-    prompts: list[list[int]],
-    max_tokens: int,
-    progress: Callable[[str], None],
-) -> tuple[list[Completion | RequestFailed], list[tuple[int, int] | None] | None]:
-    """Every prompt once, serially or with several clients: the completions (or failures) in prompt order,
-    and with --min-request-accepted-length each request's (drafts, accepted tokens)."""
-    progress(f"soak: {len(prompts)} requests of {max_tokens} tokens, {options.concurrency} client(s) ...")
-    soak_start = time.monotonic()
-    soak_before = read_metrics(client, options.timeout)
-    # Only a recording asks for log-probabilities: a checked server runs exactly the requests it serves.
-    logprobs = options.top_logprobs if options.record is not None else 0
-    per_request: list[tuple[int, int] | None] | None = None
-    if options.min_request_accepted_length is not None:
-        results, wall, per_request = _serial_soak_with_metrics(
-            client, report.model, prompts, max_tokens, options.timeout, logprobs
-        )
-    else:
-        results, wall = soak_requests(
-            client, report.model, prompts, max_tokens, options.timeout, options.concurrency, logprobs
-        )
-    soak_after = read_metrics(client, options.timeout)
-    done = [r for r in results if isinstance(r, Completion)]
-    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, RequestFailed)]
-    tokens = sum(r.completion_tokens for r in done)
-    soak = Step("soak", ok=not failed)
-    soak.figures = {
-        "requests": len(prompts),
-        "succeeded": len(done),
-        "failed": len(failed),
-        "concurrency": options.concurrency,
-        "max_tokens": max_tokens,
-        "completion_tokens": tokens,
-        "expected_completion_tokens": len(prompts) * max_tokens,
-        "seconds": round(wall, 3),
-        "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
-    }
-    if done:
-        latencies = [r.seconds for r in done]
-        soak.figures["latency_p50_s"] = round(statistics.median(latencies), 4)
-        soak.figures["latency_p95_s"] = round(percentile(latencies, 0.95), 4)
-    ttft = mean_delta(soak_before, soak_after, METRIC_TTFT_SUM, METRIC_TTFT_COUNT)
-    if ttft is not None:
-        soak.figures["ttft_mean_s"] = round(ttft, 4)
-    decode = decode_rate(soak_before, soak_after)
-    if decode is not None:
-        soak.figures["decode_tokens_per_s"] = decode
-    if per_request is not None:
-        soak.figures["per_request_metrics"] = True  # /metrics read between requests: wall time includes it
-    empty = [i for i, r in enumerate(results) if isinstance(r, Completion) and r.completion_tokens == 0]
-    if empty:
-        report.flag(soak, "empty", f"soak: {len(empty)} request(s) returned no tokens (first: #{empty[0]})")
-    # Every request sets ignore_eos, so each runs to max_tokens: fewer is a server that stopped early.
-    short = [
-        (i, r.completion_tokens)
-        for i, r in enumerate(results)
-        if isinstance(r, Completion) and 0 < r.completion_tokens < max_tokens
-    ]
-    if short:
-        index, count = short[0]
-        report.flag(
-            soak,
-            "short",
-            f"soak: {len(short)} request(s) returned fewer than the {max_tokens} tokens asked for, "
-            f"{tokens} of {len(prompts) * max_tokens} in all (first: #{index}, {count} tokens)",
-        )
-    soak.seconds = round(time.monotonic() - soak_start, 3)
-    report.steps.append(soak)
-    for kind in sorted({r.kind for _, r in failed}):
-        of_kind = [(i, r) for i, r in failed if r.kind == kind]
-        index, error = of_kind[0]
-        report.flag(
-            soak,
-            kind,
-            f"soak: {len(of_kind)} of {len(prompts)} requests failed ({kind}); first #{index}: {error}",
-        )
-    return results, per_request
