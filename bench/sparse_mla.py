@@ -36,8 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparkseal.runtime import sparse_mla
-from sparkseal.runtime.sparse_mla_ref import (
+from sparkseal.kernels import sparse_mla
+from sparkseal.kernels.sparse_mla_ref import (
     LAYOUTS,
     PAGE_SIZE,
     V_DIM,

@@ -56,7 +56,7 @@ def kernels_library(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     """The compiled kernel library for its CPU-side checks: ``$SPARKSEAL_KERNELS_LIB`` or an installed
     copy where there is one, else the one inside the kernels wheel this run's Bazel build makes for this
     machine (so ``make test`` checks the library it builds, with or without a GPU)."""
-    from sparkseal.runtime import _lib
+    from sparkseal.kernels import _lib
 
     path = _lib.library_path()
     if path.is_file():

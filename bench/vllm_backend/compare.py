@@ -44,8 +44,8 @@ def install_shadow(records: list[dict[str, Any]]) -> None:
     )
     from vllm.v1.attention.backends.mla.sparse_utils import triton_convert_req_index_to_global_index
 
-    from sparkseal.runtime import sparse_mla_vllm
-    from sparkseal.runtime import vllm_backend as ours
+    from sparkseal.vllm_integration import sparse_mla_vllm
+    from sparkseal.vllm_integration import vllm_backend as ours
 
     builder_init = ours.SparksealSparseMLAMetadataBuilder.__init__
     build = ours.SparksealSparseMLAMetadataBuilder.build

@@ -1,7 +1,7 @@
 """DeepSeek V4 decode: our derived attention class against vLLM's FlashMLA class, on the same rows.
 
 Both sides are vLLM 0.25.1's code: ``DeepseekV4FlashMLAAttention._forward_decode`` (FlashMLA's fp8
-sparse decode kernel) and the class our patch and ``sparkseal.runtime.vllm_dsv4`` derive from it for
+sparse decode kernel) and the class our patch and ``sparkseal.vllm_integration.vllm_dsv4`` derive from it for
 ``--attention-backend CUSTOM`` (our kernel). Each case builds what vLLM's metadata builders hand a V4
 layer at a decode step: a window cache of 64-token pages padded to 576-byte multiples, the window rows
 (``decode_swa_indices`` / ``decode_swa_lens``), and per layer type the second cache: none (window
@@ -10,7 +10,7 @@ only), C4A (the indexer's per-request rows, mapped through the block table by vL
 attention sink is set for the real heads and ``-inf`` for the padded ones, as vLLM's weights leave it.
 
 Per case: the relative error of each side against the float32 reference
-(``sparkseal.runtime.sparse_mla_ref``) and against each other, after an eager call and after a CUDA-graph
+(``sparkseal.kernels.sparse_mla_ref``) and against each other, after an eager call and after a CUDA-graph
 replay of our class with new rows written into the captured buffers; and, unless ``--no-timing``, the
 time of one layer call of each side replayed from a CUDA graph. Our side is timed twice in the same
 run: the class as it is, writing vLLM's buffer with ``sparkseal::sparse_mla_decode_into`` (``ours µs``),
@@ -93,7 +93,7 @@ def _padded_cache(packed: torch.Tensor) -> torch.Tensor:
 
 def build(case: Case, seed: int) -> SimpleNamespace:
     """The inputs of one decode step of one layer, as vLLM 0.25.1's V4 metadata builders make them."""
-    from sparkseal.runtime.sparse_mla_ref import V4_FP8, random_cache
+    from sparkseal.kernels.sparse_mla_ref import V4_FP8, random_cache
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     tokens = case.requests * case.tokens_per_request
@@ -208,7 +208,7 @@ def _decode_args(obj: torch.nn.Module, step: SimpleNamespace, meta: tuple, out: 
 
 def copy_decode(obj: torch.nn.Module, step: SimpleNamespace, meta: tuple, out: torch.Tensor) -> None:
     """Our decode before the in-place op: the allocating op, then a copy into vLLM's buffer."""
-    from sparkseal.runtime.sparse_mla import sparse_mla_decode
+    from sparkseal.kernels.sparse_mla import sparse_mla_decode
 
     out.copy_(sparse_mla_decode(**_decode_args(obj, step, meta, out))[0])
 
@@ -216,8 +216,8 @@ def copy_decode(obj: torch.nn.Module, step: SimpleNamespace, meta: tuple, out: t
 def reference(step: SimpleNamespace) -> torch.Tensor:
     """Float32 result of the same rows, with the C4A rows mapped through the block table by our PyTorch
     conversion (``sparse_mla_vllm.to_global_slots``), not vLLM's Triton kernel the classes call."""
-    from sparkseal.runtime.sparse_mla_ref import V4_FP8, sparse_mla_decode_ref
-    from sparkseal.runtime.sparse_mla_vllm import to_global_slots
+    from sparkseal.kernels.sparse_mla_ref import V4_FP8, sparse_mla_decode_ref
+    from sparkseal.vllm_integration.sparse_mla_vllm import to_global_slots
 
     extra = {}
     if step.case.ratio == 4:
@@ -272,7 +272,7 @@ def graph_time(fn, replays: int = 200) -> float:  # type: ignore[no-untyped-def]
 def run_case(case: Case, seed: int, timing: bool) -> dict:
     from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention
 
-    from sparkseal.runtime.vllm_dsv4 import attention_class
+    from sparkseal.vllm_integration.vllm_dsv4 import attention_class
 
     ours_cls = attention_class(DeepseekV4FlashMLAAttention)
     step = build(case, seed)

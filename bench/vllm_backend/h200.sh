@@ -163,7 +163,7 @@ serve-dsv4)
 nan-dsv4-dspark)
     # Where a NaN starts (bench/results/vllm_backend.md 5): target and draft through BACKEND (default CUSTOM),
     # eager (the checks synchronise), CONCURRENCY clients (default 1), SOAK requests (default 120); our V4
-    # class's debug switch (sparkseal/runtime/vllm_dsv4_debug.py) and the sampler's NaN count
+    # class's debug switch (sparkseal/vllm_integration/vllm_dsv4_debug.py) and the sampler's NaN count
     # (bench/vllm_backend/hooks) on; SEED > 0 seeds the weights (hooks), 0 keeps vLLM's dummy weights.
     conc=${3:-1}
     backend=${4:-CUSTOM}

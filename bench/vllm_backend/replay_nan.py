@@ -1,4 +1,4 @@
-"""Replay the decode calls saved by ``SPARKSEAL_SPARSE_MLA_V4_DEBUG`` (``sparkseal/runtime/vllm_dsv4_debug``).
+"""Replay the decode calls saved by ``SPARKSEAL_SPARSE_MLA_V4_DEBUG`` (``vllm_integration/vllm_dsv4_debug``).
 
 Each saved call holds one V4 layer's query rows, index rows, lengths, attention sink and the cache pages the
 rows read. On a GPU this runs our kernel on them under every QK path, shared-memory cap and split choice,
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sparkseal.runtime.sparse_mla_ref import V4_DATA_BYTES, V4_FP8, sparse_mla_decode_ref
+from sparkseal.kernels.sparse_mla_ref import V4_DATA_BYTES, V4_FP8, sparse_mla_decode_ref
 
 
 def row_stats(cache: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gpu = torch.cuda.is_available()
     if gpu:
-        from sparkseal.runtime.sparse_mla import sparse_mla_decode
+        from sparkseal.kernels.sparse_mla import sparse_mla_decode
     for path in args.dumps:
         d = torch.load(path)
         heads = d["heads"]

@@ -144,7 +144,7 @@ def test_editing_the_layer_writer_reruns_the_layer_only(scope: Fixture, tmp_path
     assert code == 0, output
     key_before, kernels_inputs = _kernels_action(scope)
     python_inputs = sorted(p for p in kernels_inputs if p.startswith("sparkseal/"))
-    assert "sparkseal/runtime/_lib.py" in python_inputs, kernels_inputs
+    assert "sparkseal/kernels/_lib.py" in python_inputs, kernels_inputs
     assert "sparkseal/core/manifest.py" in python_inputs, kernels_inputs
     # Its own program (a py_tool launcher, its sources among the launcher's runfiles) is an input; no other
     # action program, fetch helper or auditor is.

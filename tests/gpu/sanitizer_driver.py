@@ -38,8 +38,8 @@ import zlib
 
 import torch
 
-from sparkseal.runtime import sparse_mla
-from sparkseal.runtime.sparse_mla_ref import (
+from sparkseal.kernels import sparse_mla
+from sparkseal.kernels.sparse_mla_ref import (
     EMPTY_LSE,
     LAYOUTS,
     PAGE_SIZE,

@@ -21,7 +21,7 @@ from tests.dspark_kernel import OUTPUT_DTYPES, SPECULATOR_RELPATH, STALE, DraftB
 
 torch = pytest.importorskip("torch")
 
-from sparkseal.runtime import dspark  # noqa: E402 (needs torch)
+from sparkseal.kernels import dspark  # noqa: E402 (needs torch)
 from tests.unit.test_dspark_ref import (  # noqa: E402
     DFLASH_BATCH,
     DSPARK_BATCH,

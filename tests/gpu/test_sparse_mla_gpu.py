@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from sparkseal.runtime import _lib
-from sparkseal.runtime.sparse_mla_ref import (
+from sparkseal.kernels import _lib
+from sparkseal.kernels.sparse_mla_ref import (
     EMPTY_LSE,
     LAYOUTS,
     PAGE_SIZE,
@@ -39,7 +39,7 @@ def sparse_mla() -> ModuleType:
         _lib.load()
     except OSError as exc:
         pytest.skip(str(exc))
-    from sparkseal.runtime import sparse_mla as module
+    from sparkseal.kernels import sparse_mla as module
 
     module._library()  # checks the ABI version and the struct sizes
     return module

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkseal.runtime import _lib, sparse_mla
+from sparkseal.kernels import _lib, sparse_mla
 from tests import kernel_variant
 from tests.gpu import sanitizer_driver as drv
 from tests.gpu import sanitizer_report as report

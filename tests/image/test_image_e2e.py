@@ -156,7 +156,8 @@ from types import SimpleNamespace
 
 import torch
 
-from sparkseal.runtime import plugin, sparse_mla_ref, sparse_mla_vllm, vllm_backend
+from sparkseal.kernels import sparse_mla_ref
+from sparkseal.vllm_integration import plugin, sparse_mla_vllm, vllm_backend
 
 plugin.register_attention_backend({})
 from vllm.platforms.interface import DeviceCapability
@@ -241,7 +242,7 @@ out["forward"] = {
 from vllm.models.deepseek_v4.nvidia import model as dsv4
 from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention
 
-from sparkseal.runtime import vllm_dsv4
+from sparkseal.vllm_integration import vllm_dsv4
 
 custom = SimpleNamespace(attention_config=SimpleNamespace(backend=E.CUSTOM))
 chosen = dsv4._select_dsv4_attn_cls(custom)
@@ -366,7 +367,7 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1, done.stdout[-4000:]
     found = json.loads(lines[0][len("RESULT ") :])
-    assert found["class"] == "sparkseal.runtime.vllm_backend.SparksealSparseMLABackend"
+    assert found["class"] == "sparkseal.vllm_integration.vllm_backend.SparksealSparseMLABackend"
     assert found["name"] == "CUSTOM"
     reasons = found["reasons"]
     assert reasons["ok"] == [] and reasons["bf16"] == []
@@ -383,7 +384,7 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
     assert forward["layout"] == "v32_fp8" and forward["smem"] == 0 and forward["lse"] is None
     assert forward["lengths"] == [100, 100, 100, 100, 100]
     dsv4 = found["dsv4"]
-    assert dsv4["class"] == "sparkseal.runtime.vllm_dsv4.SparksealDeepseekV4FlashMLAAttention"
+    assert dsv4["class"] == "sparkseal.vllm_integration.vllm_dsv4.SparksealDeepseekV4FlashMLAAttention"
     assert dsv4["keeps_flashmla"] and dsv4["one_class"]
     decode = dsv4["decode"]
     assert decode["layout"] == "v4_fp8" and decode["smem"] == 101376 and decode["q_shape"] == [3, 64, 512]
@@ -391,7 +392,8 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
     assert decode["out_close"]
     assert dsv4["built"] == {"cap": 0, "bases": ["SparksealStandIn", "SparksealDecode", "StandIn", "object"]}
     assert dsv4["refused"]["heads"].startswith(
-        "model.layers.1.attn: sparkseal DeepSeek V4 decode (sparkseal/runtime/vllm_dsv4.py): attention heads "
+        "model.layers.1.attn: sparkseal DeepSeek V4 decode (sparkseal/vllm_integration/vllm_dsv4.py): "
+        "attention heads "
         "per rank (padded): expected one of (16, 32, 64, 128), got 8"
     )
     assert dsv4["refused"]["window"].endswith("sliding_window: expected a positive multiple of 64, got 100")

@@ -1,5 +1,4 @@
-"""The `sparkseal` command: it offers the commands whose package is installed (the image ships core +
-runtime), and helps as a program."""
+"""The `sparkseal` command offers the commands whose package is installed (the image ships a subset)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,14 @@ import pytest
 from sparkseal import cli
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_PACKAGES = {"sparkseal.core", "sparkseal.runtime", "sparkseal.scan"}
+IMAGE_PACKAGES = {
+    "sparkseal.core",
+    "sparkseal.integrity",
+    "sparkseal.kernels",
+    "sparkseal.live_check",
+    "sparkseal.scan",
+    "sparkseal.vllm_integration",
+}
 
 
 def _commands(parser: object) -> set[str]:

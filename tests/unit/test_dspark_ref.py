@@ -1,9 +1,9 @@
-"""The PyTorch reference of DSpark/DFlash draft-input preparation (sparkseal/runtime/dspark_ref.py).
+"""The PyTorch reference of DSpark/DFlash draft-input preparation (sparkseal/kernels/dspark_ref.py).
 
 Hand-computed batches pin the semantics down; random batches check that the reference equals the
 PATCHED vLLM Triton kernel run in Triton's interpreter on CPU, and that it differs from the
 pristine v0.25.1 kernel exactly where the patch changes behaviour. The helpers here (random
-batches, op arguments) are shared with test_dspark_binding.py and test_dspark_gpu.py.
+batches, op arguments) are shared with test_dspark.py and test_dspark_gpu.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.dspark_kernel import OUTPUT_DTYPES, SPECULATOR_RELPATH, STALE, DraftB
 
 torch = pytest.importorskip("torch")
 
-from sparkseal.runtime.dspark_ref import (  # noqa: E402 (needs torch)
+from sparkseal.kernels.dspark_ref import (  # noqa: E402 (needs torch)
     PAD_SLOT_ID,
     num_query_per_req_for,
     prepare_inputs_reference,

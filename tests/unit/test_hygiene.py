@@ -220,9 +220,11 @@ def test_every_starlark_file_loads(tmp_path: Path) -> None:
 
 # Which packages of ours each part of sparkseal may import: the core at the bottom imports nothing else of
 # ours; the secret scan (which runs git and the catalogue's binary) and the installed trees (byte-compiled
-# in fresh interpreters) sit on it; action programs, fetch helpers, auditors and the runtime sit on the
-# core and never on each other (an action program imports no other action program either), on the scan
-# and the installed trees where they need them; the command line sits on everything. The package root
+# in fresh interpreters) sit on it; action programs, fetch helpers, auditors, the kernel bindings, module
+# verification and the live checker sit on the core and never on each other (an action program imports no
+# other action program either), on the scan and the installed trees where they need them; the vLLM
+# integration sits on the kernel bindings and module verification (the plugin checks the ranks' modules,
+# the backend calls the kernels); the command line sits on everything. The package root
 # (``sparkseal/__init__.py``) holds only the version and may be imported by all.
 ALLOWED_IMPORTS = {
     "core": {"core"},
@@ -231,8 +233,14 @@ ALLOWED_IMPORTS = {
     "actions": {"core", "scan", "install"},
     "fetch": {"core", "fetch", "install"},
     "audit": {"core", "audit", "scan"},
-    "runtime": {"core", "runtime"},
-    "cli": {"core", "scan", "install", "actions", "fetch", "audit", "runtime", "cli"},
+    "kernels": {"core", "kernels"},
+    "integrity": {"core", "integrity"},
+    "live_check": {"core", "live_check"},
+    "vllm_integration": {"core", "kernels", "integrity", "vllm_integration"},
+    "cli": {
+        *("core", "scan", "install", "actions", "fetch", "audit"),
+        *("kernels", "integrity", "live_check", "vllm_integration", "cli"),
+    },
     # tools for working on the repository (generated tables and pages): they read files, import nothing
     "devtools": {"devtools"},
 }
@@ -269,7 +277,7 @@ def _package_modules() -> dict[Path, str]:
 
 
 def test_imports_flow_one_way() -> None:
-    """core <- actions, fetch, audit, runtime <- cli: no module imports against the direction."""
+    """core <- actions, fetch, audit, kernels, integrity, live_check <- vllm_integration <- cli: one way."""
     modules = _package_modules()
     assert {_part(rel) for rel in modules} == set(ALLOWED_IMPORTS), sorted({_part(r) for r in modules})
     assert import_violations(modules) == []
@@ -278,7 +286,9 @@ def test_imports_flow_one_way() -> None:
 def test_the_import_check_names_an_upward_import() -> None:
     modules = {
         Path("sparkseal/actions/oci_layer.py"): "from sparkseal.audit.rebuild import check\n",
-        Path("sparkseal/core/tar.py"): "import os\n\n\ndef f():\n    from sparkseal.runtime import verify\n",
+        Path("sparkseal/core/tar.py"): (
+            "import os\n\n\ndef f():\n    from sparkseal.integrity import verify\n"
+        ),
         Path(
             "sparkseal/actions/sbom.py"
         ): "from sparkseal import __version__\nfrom sparkseal.actions import oci_image\n",
@@ -293,7 +303,7 @@ def test_the_import_check_names_an_upward_import() -> None:
         "sparkseal.core, sparkseal.install, sparkseal.scan",
         "sparkseal/core/oci.py:1: imports sparkseal.scan.catalogue; sparkseal.core may import only "
         "sparkseal.core",
-        "sparkseal/core/tar.py:5: imports sparkseal.runtime.verify; sparkseal.core may import only "
+        "sparkseal/core/tar.py:5: imports sparkseal.integrity.verify; sparkseal.core may import only "
         "sparkseal.core",
         "sparkseal/scan/scanner.py:1: imports sparkseal.fetch.index; sparkseal.scan may import only "
         "sparkseal.core, sparkseal.scan",
@@ -494,7 +504,7 @@ def test_the_cycle_check_names_a_planted_cycle() -> None:
         Path("sparkseal/fetch/b.py"): "import sparkseal.fetch.c\n",
         Path("sparkseal/fetch/c.py"): "\n\nfrom sparkseal.fetch.a import x\n",
         # the same names in two folders are no cycle; one-way imports are none either
-        Path("sparkseal/runtime/a.py"): "from sparkseal.core.b import y\n",
+        Path("sparkseal/kernels/a.py"): "from sparkseal.core.b import y\n",
         Path("sparkseal/core/b.py"): "from sparkseal.core import c\n",
         Path("sparkseal/core/c.py"): "",
     }

@@ -375,7 +375,7 @@ def test_wheel_tags_layout_and_library(builds: Builds, platform: str) -> None:
     tag = f"Tag: py3-none-{platform}\n"
     assert tag in wheel_meta, f"{wheel.name}: WHEEL: expected {tag!r}, got {wheel_meta!r}"
     assert "Root-Is-Purelib: false\n" in wheel_meta, f"{wheel.name}: WHEEL: {wheel_meta}"
-    assert "sparkseal/runtime/_lib.py" in names, f"{wheel.name}: expected the Python package, got {names}"
+    assert "sparkseal/kernels/_lib.py" in names, f"{wheel.name}: expected the Python package, got {names}"
     assert "sparkseal/core/manifest.py" in names, f"{wheel.name}: expected sparkseal.core, got {names}"
     assert "sparkseal/scan/scanner.py" in names, f"{wheel.name}: expected sparkseal.scan, got {names}"
     # What runs in the image only: no action program, fetch helper or auditor.

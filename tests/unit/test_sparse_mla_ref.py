@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sparkseal.runtime.sparse_mla_ref import (
+from sparkseal.kernels.sparse_mla_ref import (
     EMPTY_LSE,
     LAYOUTS,
     PAGE_SIZE,

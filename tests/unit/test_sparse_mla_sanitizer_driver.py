@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkseal.runtime import sparse_mla
-from sparkseal.runtime.sparse_mla_ref import LAYOUTS, sparse_mla_decode_ref
+from sparkseal.kernels import sparse_mla
+from sparkseal.kernels.sparse_mla_ref import LAYOUTS, sparse_mla_decode_ref
 from tests.gpu import sanitizer_driver as drv
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The V4 NaN debug switch (sparkseal/runtime/vllm_dsv4_debug.py) and the bench's seeded weights (CPU)."""
+"""The V4 NaN debug switch (vllm_integration/vllm_dsv4_debug.py) and the bench's seeded weights (CPU)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkseal.runtime import vllm_dsv4_debug as debug
-from sparkseal.runtime.sparse_mla_ref import PAGE_SIZE, V4_FP8, random_cache, unpack_cache
+from sparkseal.kernels.sparse_mla_ref import PAGE_SIZE, V4_FP8, random_cache, unpack_cache
+from sparkseal.vllm_integration import vllm_dsv4_debug as debug
 
 HOOKS = Path(__file__).resolve().parents[2] / "bench/vllm_backend/hooks/sitecustomize.py"
 

@@ -1,0 +1,1 @@
+"""Module verification in the image: installed files against the module manifest; the entrypoint."""

@@ -1,0 +1,205 @@
+"""`sparkseal verify-modules`: installed module files against the image manifest, every finding and error."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkseal.core import manifest as mm
+from sparkseal.integrity import verify
+from tests.installed_tree import install, make_venv
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> tuple[Path, Path]:
+    """An image tree and its manifest file; returns (site-packages, manifest path)."""
+    site = make_venv(tmp_path / "tree")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(mm.dumps(mm.tree_manifest(tmp_path / "tree", "/opt/venv")))
+    return site, manifest
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _cli(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command with ``site`` first on the import path (ahead of the dev environment's torch)."""
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "sparkseal", "verify-modules", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_identical_tree_passes(image: tuple[Path, Path]) -> None:
+    site, manifest_path = image
+    manifest = mm.load_manifest(manifest_path)
+    results = [verify.verify_module(manifest, manifest_path, m, [str(site)]) for m in ("vllm", "torch")]
+    assert [r.ok for r in results] == [True, True]
+    assert results[0].checked == 8  # 4 module files, METADATA, WHEEL, INSTALLER, RECORD
+    assert results[0].version == "0.25.1"
+
+    done = _cli(site, "--manifest", str(manifest_path), "--modules", "vllm,torch")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        f"vllm: vllm 0.25.1 in {site}: 8 files, OK",
+        f"torch: torch 2.11.0 in {site}: 6 files, OK",
+    ]
+
+
+def test_changed_missing_and_extra_files_are_findings(image: tuple[Path, Path]) -> None:
+    site, manifest_path = image
+    old_config = (site / "vllm/config.py").read_bytes()
+    (site / "vllm/config.py").write_bytes(b"MAX_MODEL_LEN = 1 << 30\n")
+    old_init = (site / "vllm/__init__.py").read_bytes()
+    (site / "vllm/__init__.py").unlink()
+    (site / "vllm/evil.py").write_bytes(b"import os\n")
+    (site / "vllm/__pycache__").mkdir()
+    (site / "vllm/__pycache__/config.cpython-311.pyc").write_bytes(b"\x00bytecode")
+
+    pyc, config, evil = (_sha(b"\x00bytecode"), _sha(b"MAX_MODEL_LEN = 1 << 30\n"), _sha(b"import os\n"))
+    done = _cli(site, "--manifest", str(manifest_path), "--modules", "vllm")
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        f"vllm: vllm 0.25.1 in {site}: 9 files, 4 finding(s)",
+        f"  missing vllm/__init__.py: expected sha256 {_sha(old_init)}, actual no file",
+        f"  extra vllm/__pycache__/config.cpython-311.pyc: expected not in the manifest, actual sha256 {pyc}",
+        f"  changed vllm/config.py: expected sha256 {_sha(old_config)}, actual sha256 {config}",
+        f"  extra vllm/evil.py: expected not in the manifest, actual sha256 {evil}",
+    ]
+
+
+def test_json_report(image: tuple[Path, Path]) -> None:
+    site, manifest_path = image
+    (site / "torch/nn/functional.py").write_bytes(b"changed\n")
+    done = _cli(site, "--manifest", str(manifest_path), "--modules", "torch,vllm", "--json")
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report["ok"] is False
+    assert report["manifest"] == str(manifest_path)
+    torch, vllm = report["modules"]
+    assert (torch["module"], torch["ok"], vllm["ok"]) == ("torch", False, True)
+    assert torch["findings"] == [
+        {
+            "kind": "changed",
+            "path": "torch/nn/functional.py",
+            "expected": _sha(b"def relu(x):\n    return x\n"),
+            "actual": _sha(b"changed\n"),
+        }
+    ]
+
+
+def test_script_outside_site_packages_is_checked(image: tuple[Path, Path]) -> None:
+    site, manifest_path = image
+    script = site.parents[2] / "bin/vllm"
+    script.write_bytes(b"#!/bin/sh\nexec curl evil\n")
+    result = verify.verify_module(mm.load_manifest(manifest_path), manifest_path, "vllm", [str(site)])
+    original = _sha(b"#!/opt/venv/bin/python3\nfrom vllm.cli import main\nmain()\n")
+    tampered = _sha(b"#!/bin/sh\nexec curl evil\n")
+    assert [f.message() for f in result.findings] == [
+        f"changed ../../../bin/vllm: expected sha256 {original}, actual sha256 {tampered}"
+    ]
+
+
+def test_unowned_file_listed_in_the_manifest_is_not_a_finding(tmp_path: Path) -> None:
+    site = make_venv(tmp_path / "tree")
+    (site / "vllm/generated.py").write_bytes(b"BUILD = 1\n")
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(mm.dumps(mm.tree_manifest(tmp_path / "tree", "/opt/venv")))
+    result = verify.verify_module(mm.load_manifest(manifest_path), manifest_path, "vllm", [str(site)])
+    assert result.ok, [f.message() for f in result.findings]
+    (site / "vllm/generated.py").write_bytes(b"BUILD = 2\n")
+    result = verify.verify_module(mm.load_manifest(manifest_path), manifest_path, "vllm", [str(site)])
+    assert [f.kind for f in result.findings] == ["changed"]
+
+
+def test_module_problems(image: tuple[Path, Path], tmp_path: Path) -> None:
+    site, manifest_path = image
+    manifest = mm.load_manifest(manifest_path)
+    absent = verify.verify_module(manifest, manifest_path, "nosuchmodule", [str(site)])
+    assert absent.problem == f"module nosuchmodule: not installed (searched {site})"
+    assert not absent.ok
+
+    install(site, "extra-pkg", "3.0", {"extra_pkg/__init__.py": b""})
+    unlisted = verify.verify_module(manifest, manifest_path, "extra_pkg", [str(site)])
+    assert unlisted.problem == (
+        f"distribution extra-pkg 3.0 (module extra_pkg in {site}) is not in the manifest {manifest_path}"
+    )
+
+    (site / "bare").mkdir()
+    (site / "bare/__init__.py").write_bytes(b"")
+    bare = verify.verify_module(manifest, manifest_path, "bare", [str(site)])
+    assert bare.problem == (
+        f"module bare at {site / 'bare'}: expected one *.dist-info in {site} whose RECORD names bare, "
+        "found none does"
+    )
+
+    install(site, "vllm-addon", "1.0", {"vllm/addon.py": b""})
+    shared = verify.verify_module(manifest, manifest_path, "vllm", [str(site)])
+    assert shared.problem == (
+        f"module vllm at {site / 'vllm'}: expected one *.dist-info in {site} whose RECORD names vllm, "
+        "found vllm-0.25.1.dist-info, vllm_addon-1.0.dist-info"
+    )
+
+
+def test_cli_reports_a_missing_module(image: tuple[Path, Path]) -> None:
+    site, manifest_path = image
+    done = _cli(site, "--manifest", str(manifest_path), "--modules", "vllm,nosuchmodule")
+    assert done.returncode == 1
+    assert (
+        done.stdout.splitlines()[1] == "nosuchmodule: module nosuchmodule: not installed (searched sys.path)"
+    )
+
+
+def test_cli_usage_errors(image: tuple[Path, Path], tmp_path: Path) -> None:
+    site, _ = image
+    missing = tmp_path / "absent.json"
+    done = _cli(site, "--manifest", str(missing))
+    assert done.returncode == 2
+    assert f"{missing}: no manifest there" in done.stderr
+    done = _cli(site, "--modules", "vllm,torch.nn")
+    assert done.returncode == 2
+    assert "expected comma-separated top-level module names such as vllm,torch, got 'vllm,torch.nn'" in (
+        done.stderr
+    )
+    helped = _cli(site, "--help")
+    assert helped.returncode == 0
+    assert str(mm.IMAGE_MANIFEST_PATH) in helped.stdout and "--modules" in helped.stdout
+
+
+def test_modules_that_cannot_be_verified(tmp_path: Path) -> None:
+    with pytest.raises(
+        verify.VerifyError, match=r"^module sys: has no file \(built-in\); nothing to verify$"
+    ):
+        verify.module_root("sys")
+    for part in ("a", "b"):
+        (tmp_path / part / "nsp").mkdir(parents=True)
+    with pytest.raises(verify.VerifyError) as error:
+        verify.module_root("nsp", [str(tmp_path / "a"), str(tmp_path / "b")])
+    assert (
+        str(error.value)
+        == f"module nsp: a namespace package spread over {tmp_path / 'a/nsp'}, {tmp_path / 'b/nsp'}"
+    )
+    with pytest.raises(verify.VerifyError, match=r"^module 'torch.nn': not a top-level module name$"):
+        verify.module_root("torch.nn")
+
+
+def test_a_special_file_under_a_module_is_an_error(image: tuple[Path, Path]) -> None:
+    site, _ = image
+    os.mkfifo(site / "vllm/pipe")
+    with pytest.raises(verify.VerifyError) as error:
+        verify.installed_module("vllm", [str(site)])
+    assert str(error.value) == f"module vllm: {site / 'vllm/pipe'}: not a regular file"
