@@ -157,12 +157,19 @@ class BazelResult:
 
 @dataclass
 class Workspace:
-    """A Bazel workspace with its own output base and repository cache."""
+    """A Bazel workspace with its own output base and repository cache.
+
+    ``max_idle_secs``: how long its Bazel server outlives the last command. A scratch workspace's server
+    goes soon (30 s); the real workspace's is shared by many tests, spread over the session, and keeps its
+    analysis and its digests of the outputs (gigabytes of image layers, which a new server hashes again)
+    only while it lives, so that one is kept for the whole session and shut down at its end.
+    """
 
     root: Path
     output_base: Path
     repository_cache: Path
     env: dict[str, str]
+    max_idle_secs: int = 30
 
     def bazel(self, *args: str, timeout: float = 900) -> BazelResult:
         """Run ``bazel --output_base=... <args>`` in the workspace and return its output."""
@@ -171,7 +178,7 @@ class Workspace:
         command = [
             BAZEL,
             f"--output_base={self.output_base}",
-            "--max_idle_secs=30",
+            f"--max_idle_secs={self.max_idle_secs}",
             *args[:1],
             f"--repository_cache={self.repository_cache}",
             *args[1:],

@@ -14,6 +14,10 @@ import pytest
 from tests.bazel_util import BAZEL, REPO, Workspace, base_env
 
 CACHE = Path.home() / ".cache" / "sparkseal"
+# The real workspace's Bazel server lives as long as a session needs it (``real_workspace`` shuts it down
+# at the end): its tests are spread over the whole run, and a server restarted between them would load and
+# analyse the repository again and hash its outputs again.
+REAL_WORKSPACE_IDLE_SECS = 3600
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +42,7 @@ def _real_workspace() -> Workspace:
         output_base=CACHE / "test-output-base" / key,
         repository_cache=CACHE / "repository",
         env=base_env(),
+        max_idle_secs=REAL_WORKSPACE_IDLE_SECS,
     )
 
 

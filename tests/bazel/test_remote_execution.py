@@ -152,42 +152,56 @@ def test_a_failing_remote_action_reports_its_error(executor: Executor, fixtures:
     assert re.search(r"\d+ remote", result.output), result.output
 
 
+@pytest.fixture(scope="module")
+def clone(real_workspace: Workspace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+    """A copy of the checkout elsewhere, with its own output base: the real targets' remote builds.
+
+    One for the module's real builds (the vLLM wheel, the kernels wheel): each is a build from another
+    path than the local one, which is all these tests need of it, and the second need not start a Bazel
+    server, load the repository and set up its toolchain repositories again.
+    """
+    tmp = tmp_path_factory.mktemp("rbe-clone")
+    root = copy_checkout(REPO, tmp / "elsewhere" / "sparkseal")
+    workspace = Workspace(
+        root=root,
+        output_base=tmp / "output-base",
+        repository_cache=real_workspace.repository_cache,
+        env=base_env(),
+        # Alive from one test's remote build to the next, which first builds locally; stopped below.
+        max_idle_secs=900,
+    )
+    try:
+        yield workspace
+    finally:
+        discard_workspace(workspace)
+        remove_tree(root)
+
+
 def _remote_clone_build(
-    executor: Executor, real_workspace: Workspace, tmp_path: Path, target: str, output: str
+    executor: Executor, real_workspace: Workspace, clone: Workspace, target: str, output: str
 ) -> tuple[str, str, list[str], dict[str, int]]:
-    """Build ``target`` here and, from a copy of the checkout elsewhere, on the executor's workers;
-    return both sha256s of ``output``, the leases the build took and its process summary."""
+    """Build ``target`` here and, in ``clone`` (a copy of the checkout elsewhere), on the executor's
+    workers; return both sha256s of ``output``, the leases the build took and its process summary."""
     local = real_workspace.bazel("build", target)
     assert local.returncode == 0, local.output
     expected = _sha(real_workspace.bin_path(output))
-    root = copy_checkout(REPO, tmp_path / "elsewhere" / "sparkseal")
-    clone = Workspace(
-        root=root,
-        output_base=tmp_path / "output-base",
-        repository_cache=real_workspace.repository_cache,
-        env=base_env(),
-    )
     before = executor.mark()
-    try:
-        result = clone.bazel("build", *executor.flags(), "--verbose_failures", target, timeout=BUILD_TIMEOUT)
-        assert result.returncode == 0, result.output
-        return (
-            expected,
-            _sha(clone.bin_path(output)),
-            executor.leases_since(before),
-            spawned_processes(result.output),
-        )
-    finally:
-        discard_workspace(clone)
-        remove_tree(root)
+    result = clone.bazel("build", *executor.flags(), "--verbose_failures", target, timeout=BUILD_TIMEOUT)
+    assert result.returncode == 0, result.output
+    return (
+        expected,
+        _sha(clone.bin_path(output)),
+        executor.leases_since(before),
+        spawned_processes(result.output),
+    )
 
 
 @pytest.mark.network
 def test_real_vllm_wheel_built_by_remote_workers_equals_the_local_build(
-    executor: Executor, real_workspace: Workspace, tmp_path: Path
+    executor: Executor, real_workspace: Workspace, clone: Workspace
 ) -> None:
     expected, remote, leases, ran = _remote_clone_build(
-        executor, real_workspace, tmp_path, "//third_party/vllm:wheel_linux_x86_64", REAL_WHEEL
+        executor, real_workspace, clone, "//third_party/vllm:wheel_linux_x86_64", REAL_WHEEL
     )
     assert set(ran) == {"remote"} and ran["remote"] >= 4, ran  # unpack, patch, overlay, repack
     assert len(leases) == ran["remote"]
@@ -200,12 +214,12 @@ KERNELS_WHEEL = "kernels_sm121/wheel_linux_aarch64/sparkseal-0.1.0-py3-none-linu
 
 @pytest.mark.network
 def test_kernels_wheel_built_by_a_remote_worker_equals_the_local_build(
-    executor: Executor, real_workspace: Workspace, tmp_path: Path
+    executor: Executor, real_workspace: Workspace, clone: Workspace
 ) -> None:
     """The kernels action declares its compilers (the locked g++ and sysroot), nvcc and cmake as inputs,
     so a worker with no compiler of its own builds the GB10 wheel, byte for byte the local one."""
     expected, remote, leases, ran = _remote_clone_build(
-        executor, real_workspace, tmp_path, KERNELS, KERNELS_WHEEL
+        executor, real_workspace, clone, KERNELS, KERNELS_WHEEL
     )
     assert set(ran) == {"remote"}, ran
     assert any("kernels_wheel" in line for line in leases), "\n".join(leases)

@@ -4,7 +4,10 @@ The linux/amd64 image runs natively on an x86_64 machine; the linux/arm64 image 
 runs there under qemu-user emulation, through the binfmt_misc handler that `make setup` registers. Each
 builds the whole image from the locked closure (~4 GB of wheels per platform, fetched once into the
 repository cache), so the module is marked ``image``; ``make test`` runs it, ``pytest -m "not image"``
-skips it. One platform's image is removed from podman before the next is loaded (~10 GB of storage each).
+skips it. Both images are built by one Bazel command (``built_images``). The product's image goes into
+podman as a user puts it there, ``bazel run //:image.load``; the linux/amd64 one, which these tests only
+run, by ``skopeo copy`` from its layout (``copy_into_podman``: no temporary archive). One platform's image
+is removed from podman before the next is loaded (~10 GB of storage each).
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from sparkseal.core.oci import read_image
+from sparkseal.core.platforms import MACHINES
 from tests.bazel_util import REPO, Workspace
 from tests.bytecode_probe import PROBE
-from tests.podman import PODMAN_RUN
+from tests.podman import PODMAN_RUN, copy_into_podman
 
 pytestmark = [pytest.mark.bazel, pytest.mark.network, pytest.mark.image]
 
 LOCK = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
-# Bazel platform -> the machine name `uname -m` prints where its binaries run natively.
-PLATFORMS = {"linux_x86_64": "x86_64", "linux_aarch64": "aarch64"}
+# The platform whose image `bazel run //:image.load` (the alias a user runs) loads here.
+PRODUCT = "linux_aarch64"
 SPECULATOR = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 
@@ -48,19 +53,35 @@ def _check_emulation(machine: str) -> None:
         pytest.fail(f"{handler}: no enabled qemu-user handler to run {machine} binaries: run make setup")
 
 
-@pytest.fixture(scope="module", params=list(PLATFORMS))
-def loaded_image(request: pytest.FixtureRequest, real_workspace: Workspace) -> Iterator[str]:
+@pytest.fixture(scope="module", params=list(MACHINES))
+def loaded_image(
+    request: pytest.FixtureRequest,
+    real_workspace: Workspace,
+    built_images: dict[str, Path],
+) -> Iterator[str]:
     bazel_platform: str = request.param
-    if shutil.which("podman") is None:
-        pytest.fail("podman is not installed: run make setup")
-    _check_emulation(PLATFORMS[bazel_platform])
-    result = real_workspace.bazel("build", f"//:image_{bazel_platform}", timeout=5400)
-    assert result.returncode == 0, result.output[-6000:]
-    # The .load target streams the docker-archive from the OCI layout into podman (no .tar is built).
-    loaded = real_workspace.bazel("run", f"//:image_{bazel_platform}.load", timeout=1800)
-    assert loaded.returncode == 0, loaded.output[-6000:]
+    for tool in ("podman", "skopeo"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed: run make setup")
+    _check_emulation(MACHINES[bazel_platform])
     tag = _tag(bazel_platform)
-    assert f"Loaded image: {tag}" in loaded.output, loaded.output[-6000:]
+    if bazel_platform == PRODUCT:
+        # The .load target streams the docker-archive from the OCI layout into podman (no .tar is built).
+        loaded = real_workspace.bazel("run", "//:image.load", timeout=1800)
+        assert loaded.returncode == 0, loaded.output[-6000:]
+        assert f"Loaded image: {tag}" in loaded.output, loaded.output[-6000:]
+    else:
+        # On the output base's file system, so that the complete layout's blobs are hard links.
+        scratch = real_workspace.output_base.with_name(real_workspace.output_base.name + ".image-load")
+        scratch.mkdir(exist_ok=True)
+        try:
+            copy_into_podman(built_images[bazel_platform], tag, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    # Either way podman holds the image the layout describes: its ID is the config's digest.
+    config = read_image(built_images[bazel_platform]).manifest["config"]["digest"]
+    inspected = _podman("image", "inspect", "--format", "{{.Id}}", tag)
+    assert inspected.stdout.strip() == config.removeprefix("sha256:"), inspected.stdout + inspected.stderr
     yield tag
     _podman("rmi", "--force", tag)  # ~10 GB of container storage
 

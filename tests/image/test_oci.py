@@ -35,7 +35,7 @@ from tests.bazel_util import (
     process_summary,
 )
 from tests.fixture_wheels import zstd_wheel_into
-from tests.podman import working_podman
+from tests.podman import copy_into_podman, working_podman
 from tests.servers.nginx_cache import NGINX, NginxCache
 from tests.servers.registry_server import REGISTRY, Registry
 
@@ -405,6 +405,33 @@ def test_podman_loads_the_docker_archive(tmp_path: Path) -> None:
         assert inspected["RootFS"]["Layers"] == [lay.diff_id for lay in image.layers]
     finally:
         subprocess.run([podman, "rmi", "--force", f"localhost/{tag}"], capture_output=True, check=False)
+
+
+def test_copy_into_podman_stores_the_image_podman_load_stores(tmp_path: Path) -> None:
+    """The image tests' quick way into podman (skopeo from the complete layout, no temporary archive)
+    stores the image ``podman load`` of our docker-archive stores: the same ID, layers and entrypoint."""
+    podman = working_podman()
+    _tool("skopeo")
+    tag = f"localhost/sparkseal/fixture-copy:{os.getpid()}"
+    image = assemble(tmp_path / "in", platform="linux_x86_64", tag=tag)
+    config_digest = json.loads(blob(image, image.digest))["config"]["digest"]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    try:
+        copy_into_podman(image.layout, tag, scratch)
+        inspected = json.loads(_run(podman, "image", "inspect", tag))[0]
+        assert "sha256:" + inspected["Id"] == config_digest
+        assert inspected["RootFS"]["Layers"] == [lay.diff_id for lay in image.layers]
+        assert inspected["Config"]["Entrypoint"] == CONFIG.entrypoint
+        assert list(scratch.iterdir()) == []  # the complete layout is removed
+    finally:
+        subprocess.run([podman, "rmi", "--force", tag], capture_output=True, check=False)
+    with pytest.raises(AssertionError) as refused:
+        copy_into_podman(image.layout, "Not/A:valid:tag", scratch)
+    assert str(refused.value).startswith(
+        f"skopeo copy oci:{scratch / 'complete-layout'} containers-storage:Not/A:valid:tag: exit 1: "
+    )
+    assert list(scratch.iterdir()) == []
 
 
 # --- Bazel: the rules on a fixture workspace -----------------------------------------------------------
