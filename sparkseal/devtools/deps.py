@@ -1,8 +1,9 @@
 """The Bazel dependency lists, generated from the imports: ``make deps`` rewrites them, a test checks them.
 
-Three tables tell Bazel what a Python program reads: ``ACTION_DEPS`` (sparkseal/actions/BUILD, each action
-program's core modules), ``CORE_DEPS`` (sparkseal/core/BUILD, each core module's siblings) and
-``HELPER_SOURCES`` (rules/private/helpers.bzl, every file a repository rule's helper runs). A list that
+Five tables tell Bazel what a Python program reads: ``ACTION_DEPS`` (sparkseal/actions/BUILD, the modules
+each action program imports), ``CORE_DEPS``, ``INSTALL_DEPS`` and ``SCAN_DEPS`` (the BUILD of
+sparkseal/core, sparkseal/install and sparkseal/scan, each module's imports) and ``HELPER_SOURCES``
+(rules/private/helpers.bzl, every file a repository rule's helper runs). A list that
 says less than the imports breaks a sandboxed action or a helper; one that says more re-runs actions for
 nothing. So the imports are the one source: this program reads them (with Python's ``ast``, function-level
 imports included) and writes each table between two marker lines, and
@@ -79,36 +80,54 @@ def _modules(root: Path, package: str) -> list[Path]:
     return sorted(p for p in (root / "sparkseal" / package).glob("*.py") if p.stem != "__init__")
 
 
-def _core_imports(root: Path, path: Path) -> list[str]:
-    """The modules of sparkseal/core that ``path`` imports; any other module of ours but the root is an error.
+# The packages whose modules are one py_library each, so that a Bazel deps table can name them: the pure
+# core, the secret scan and the installed trees. Any other import of ours in an action or in one of these
+# modules could not be named, so it stops the generator.
+LIBRARY_PACKAGES = ("core", "install", "scan")
 
-    The BUILD files give an action or a core module the core modules only (and the package root with its
-    version): an import of another part could not be named in the table, so it stops the generator
-    instead of leaving a list that builds without the module.
+
+def _module_deps(root: Path, path: Path, package: str) -> list[str]:
+    """The modules ``path`` (a module of sparkseal/``package``) imports, as its BUILD's table names them.
+
+    A core module by its bare name (core is what every table names most), one of ``package`` itself as
+    ``:name``, one of another library package by its label. An import of anything else could not be
+    named in the table, so it stops the generator instead of leaving a list that builds without the module.
     """
-    core = {p.stem for p in _modules(root, "core")}
+    rel = path.relative_to(root).as_posix()
     found = set()
     for line, name in our_imports(path.read_text()):
         parts = name.split(".")
         if len(parts) < 3 and parts[1:] in ([], ["core"], ["__version__"]):
             continue
-        if parts[1] != "core" or parts[2] not in core:
+        if len(parts) != 3 or parts[1] not in LIBRARY_PACKAGES or module_file(root, name) is None:
+            packages = ", ".join(f"sparkseal/{p}" for p in LIBRARY_PACKAGES)
             raise DepsError(
-                f"{path.relative_to(root).as_posix()}:{line}: imports {name}; expected a module of "
-                f"sparkseal/core ({', '.join(sorted(core))}), the only ones its Bazel deps can name"
+                f"{rel}:{line}: imports {name}; expected a module of {packages}, the only ones its Bazel "
+                "deps can name"
             )
-        found.add(parts[2])
+        imported, module = parts[1], parts[2]
+        if (imported, module) == (package, path.stem):
+            continue
+        if imported == "core":
+            found.add(module)
+        elif imported == package:
+            found.add(f":{module}")
+        else:
+            found.add(f"//sparkseal/{imported}:{module}")
     return sorted(found)
 
 
-def action_deps(root: Path) -> dict[str, list[str]]:
-    """Each action program of sparkseal/actions -> the core modules it imports."""
-    return {p.stem: _core_imports(root, p) for p in _modules(root, "actions")}
+def _package_deps(package: str) -> Callable[[Path], dict[str, list[str]]]:
+    """The table of sparkseal/``package``: each of its modules -> the modules it imports."""
+
+    def compute(root: Path) -> dict[str, list[str]]:
+        return {p.stem: _module_deps(root, p, package) for p in _modules(root, package)}
+
+    return compute
 
 
-def core_deps(root: Path) -> dict[str, list[str]]:
-    """Each module of sparkseal/core -> the other core modules it imports."""
-    return {p.stem: [d for d in _core_imports(root, p) if d != p.stem] for p in _modules(root, "core")}
+action_deps = _package_deps("actions")
+core_deps = _package_deps("core")
 
 
 HELPER_CALL = re.compile(r'run_python_helper\(\s*rctx,\s*"([\w.]+)"')
@@ -140,6 +159,8 @@ class Table:
 TABLES = (
     Table("sparkseal/actions/BUILD", "ACTION_DEPS", action_deps),
     Table("sparkseal/core/BUILD", "CORE_DEPS", core_deps),
+    Table("sparkseal/install/BUILD", "INSTALL_DEPS", _package_deps("install")),
+    Table("sparkseal/scan/BUILD", "SCAN_DEPS", _package_deps("scan")),
     Table("rules/private/helpers.bzl", "HELPER_SOURCES", helper_sources),
 )
 

@@ -18,7 +18,6 @@ import pytest
 from sparkseal.actions import module_manifest, oci_layer
 from sparkseal.core import manifest
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
-from sparkseal.core.wheels import supported_tags, tag_rank
 from sparkseal.install.venv import (
     InstallError,
     install_wheels,

@@ -20,16 +20,7 @@ WHOLE_REPOSITORY = {
     "test_docs": "every page of docs/ and README.md: links, commands, tables",
     "test_bench_scripts": "every benchmark program's command line",
     "test_test_layout": "this naming rule over tests/unit/",
-    "test_scan_archives": "the secret scan on archives; named with scan's move out of core",
-    "test_scan_catalogue": "the secret scan's catalogue of families; named with scan's move out of core",
-    "test_scan_layer": "the secret scan of an image layer; named with scan's move out of core",
-    "test_sparse_mla_binding": "runtime/sparse_mla.py; to be renamed with runtime's split",
-    "test_dspark_binding": "runtime/dspark.py; to be renamed with runtime's split",
-    "test_cross_rank": "runtime/plugin.py and live_check.py across ranks; to be renamed with runtime's split",
-    "test_verify_modules": "runtime/verify.py; to be renamed with runtime's split",
-    "test_sparse_mla_sanitizer_driver": (
-        "tests/gpu/sanitizer_driver.py on runtime's sparse-MLA kernel; to be renamed with runtime's split"
-    ),
+    "test_host_reads": "what rules/ and the actions read from the build host, against docs/building.md",
 }
 
 
