@@ -283,6 +283,88 @@ def _zip_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> I
                 )
 
 
+# The name, after ``ARCHIVE!``, under which the bytes of an archive that no member covers are handed to
+# the catalogue (``sparkseal.scan.scanner``): a finding there reads ``ARCHIVE!(bytes outside the members)``.
+# In parentheses and with spaces, as no packaging tool names a file.
+OUTSIDE = "(bytes outside the members)"
+_LOCAL_HEADER = 30  # a zip local file header's fixed part; its name and extra field follow
+_DESCRIPTOR = b"PK\x07\x08"  # the optional signature of a data descriptor (12 bytes without it, 16 with)
+
+
+def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` of the archive at ``path`` that no member's record covers, in order.
+
+    A zip's members are its local file records (header, name, extra field, compressed data, data
+    descriptor) of the entries :func:`members` hands out, and of directory entries that hold no data
+    (a directory entry's data is never handed out, so its record stays outside); its directory is its
+    central directory records and end records (zip64 and classic). Everything else is what no unzip
+    hands out as a member and yet lies in the file: bytes before the first record (a self-extracting
+    stub, or anything prepended), between records, the archive comment, and bytes after it (appended
+    data; zipfile finds the end record up to 64 KiB before the end). Each bound is read from the zip's
+    own records: a member's offset and compressed size from its central directory entry, the length of
+    its name and extra field from its local header (the two may differ), the directory from the end
+    record. A local header without its signature covers nothing, so its bytes stay outside too: nothing
+    is assumed covered that a record does not state.
+
+    A tar has none: it is read whole, and bytes past where its reader stops that are not zeros are
+    refused (:func:`_tar_members`). An ar archive (a .deb) has none either: its members are read header
+    after header from its magic to its last byte, each member's data following its header (an odd one
+    padded with one byte), and a truncated or corrupt header is refused (:func:`_ar_members`).
+    """
+    if kind.container != "zip":
+        return []
+    try:
+        with path.open("rb") as raw:
+            size = raw.seek(0, io.SEEK_END)
+            end = zipfile._EndRecData(raw)  # type: ignore[attr-defined]
+            with zipfile.ZipFile(raw) as archive:
+                listed = archive.infolist()
+                covered = [_local_record(raw, i) for i in listed if not i.is_dir() or not i.file_size]
+                start = archive.start_dir  # type: ignore[attr-defined]  # where zipfile read the directory
+    except _READ_ERRORS as error:
+        raise _unreadable(shown, kind, error) from error
+    if not end:  # zipfile opened it, so this cannot be; refused rather than assumed
+        raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: no end record")
+    covered.append((start, start + end[zipfile._ECD_SIZE]))  # type: ignore[attr-defined]
+    record = end[zipfile._ECD_LOCATION]  # type: ignore[attr-defined]
+    if end[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:  # type: ignore[attr-defined]
+        # The zip64 end record (its fixed part: an extensible data sector stays outside) and its locator,
+        # where zipfile reads them: just before the classic end record.
+        zip64 = zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator  # type: ignore[attr-defined]
+        covered.append((record - zip64, record))
+    covered.append((record, record + zipfile.sizeEndCentDir))  # type: ignore[attr-defined]
+    return _uncovered(covered, size)
+
+
+def _local_record(raw: IO[bytes], info: zipfile.ZipInfo) -> tuple[int, int]:
+    """The bytes of one member's local record: its header, name, extra field, data and data descriptor."""
+    start = info.header_offset
+    raw.seek(start)
+    header = raw.read(_LOCAL_HEADER)
+    if len(header) != _LOCAL_HEADER or header[:4] != zipfile.stringFileHeader:  # type: ignore[attr-defined]
+        return (start, start)
+    flags, name, extra = int.from_bytes(header[6:8], "little"), header[26:28], header[28:30]
+    end = start + _LOCAL_HEADER + int.from_bytes(name, "little") + int.from_bytes(extra, "little")
+    end += info.compress_size
+    if flags & 0x08:  # a data descriptor follows the data: CRC and sizes, with or without its signature
+        raw.seek(end)
+        end += 16 if raw.read(4) == _DESCRIPTOR else 12
+    return (start, end)
+
+
+def _uncovered(covered: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges of ``[0, size)`` that no range of ``covered`` (which may overlap) holds, in order."""
+    gaps, cursor = [], 0
+    for start, end in sorted(covered):
+        start, end = max(0, min(start, size)), max(0, min(end, size))
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+    if cursor < size:
+        gaps.append((cursor, size))
+    return gaps
+
+
 def _limit_members(shown: str, budget: Budget, count: int, source: str) -> None:
     """Count a zip's ``count`` entries (as ``source`` lists them) at once, refusing past a member limit."""
     if budget.members + count > MAX_MEMBERS:

@@ -23,15 +23,19 @@ Archives among the files named on the command line (or the checkout's) are opene
 (``sparkseal.core.archives``: wheels, zips, sdists, tars, .debs, by name): read as files, their compressed
 bytes hid every secret from our rules, and the catalogue skips a file that looks like an archive. Their
 regular members are scanned instead (a zip's "links" too: their bytes are data to any unzip), and those
-that are archives in turn, down to ``MAX_ARCHIVE_DEPTH``; and our rules read each archive's own bytes as
-well, so what lies outside its members (a zip comment, appended data) is scanned. A tar is read whole: one
-holding bytes past where the reader stops (after its end blocks or a zero block, in a second gzip member)
-is refused, as are headers and member counts over the limits of ``sparkseal.core.archives``.
-A finding inside one is named ``ARCHIVE!member`` (nested: ``outer!inner!member``), and so are allow-list
-paths for it. An archive that cannot be read, or is refused as a bomb, fails the scan
-(:class:`ScanInputError`, exit 2), as an unreadable image does: it is no finding, since the scan cannot
-say what the archive holds, and an allow-list entry must not be able to wave it through. The image scan
-opens no archive inside a layer: it reads what the image holds, at the speed the image build needs.
+that are archives in turn, down to ``MAX_ARCHIVE_DEPTH``. What lies outside a zip's members (its comment,
+bytes prepended, appended or between its records: ``sparkseal.core.archives.outside_members``) is read by
+both rule sets: the catalogue reads those bytes alone, as the pseudo-member ``ARCHIVE!(bytes outside the
+members)`` (never the whole compressed archive, which it would skip as an archive and which is slow to read
+for a large wheel), and our rules read each archive's own bytes whole, reporting a match as the archive's.
+A tar is read whole: one holding bytes past where the reader stops (after its end blocks or a zero block,
+in a second gzip member) is refused, as are headers and member counts over the limits of
+``sparkseal.core.archives``. A finding inside one is named ``ARCHIVE!member`` (nested:
+``outer!inner!member``), and so are allow-list paths for it. An archive that cannot be read, or is
+refused as a bomb, fails the scan (:class:`ScanInputError`, exit 2), as an unreadable image does: it is
+no finding, since the scan cannot say what the archive holds, and an allow-list entry must not be able to
+wave it through. The image scan opens no archive inside a layer: it reads what the image holds, at the
+speed the image build needs.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from typing import IO, Any
 
 from sparkseal.core.archives import (
     MAX_ARCHIVE_DEPTH,
+    OUTSIDE,
     ArchiveError,
     ArchiveKind,
     Budget,
@@ -59,6 +64,7 @@ from sparkseal.core.archives import (
     archive_kind,
     members,
     open_tar,
+    outside_members,
 )
 from sparkseal.core.oci import LayoutError, blob_path, layer_tar
 from sparkseal.core.secret_rules import (
@@ -334,6 +340,25 @@ class _CatalogueBatches:
         if self.size >= _BATCH_BYTES:
             self.flush()
 
+    def add_ranges(self, source: Path, ranges: list[tuple[int, int]], name: str) -> None:
+        """Copy the byte ``ranges`` of ``source`` into the batch as one file, each range on a line of its own.
+
+        The newline before each range keeps a match from spanning two of them (they do not touch in
+        ``source``), and keeps the file from starting with an archive's magic, which the scanner would
+        skip (a zip's ``PK\\3\\4``, even prepended to another zip, is a range like any other).
+        """
+        place = self._place(name)
+        with open(source, "rb") as raw, open(place, "wb") as out:
+            for start, end in ranges:
+                out.write(b"\n")
+                raw.seek(start)
+                left = end - start
+                while left > 0 and (data := raw.read(min(left, CHUNK))):
+                    out.write(data)
+                    left -= len(data)
+                self.size += end - start + 1
+        self.bound()
+
     def add_file(self, source: Path, name: str) -> None:
         """Hard-link ``source`` into the batch; copy it when it is a link or no hard link can be made.
 
@@ -451,6 +476,7 @@ class _PathScan:
         self.notes: list[str] = []
         self.findings: list[Finding] = []
         self.tally = Tally()  # archive entries over the whole scan (MAX_SCAN_MEMBERS)
+        self.outside: set[str] = set()  # the pseudo-members ARCHIVE!(bytes outside the members) handed out
 
     def file(self, source: Path, name: str) -> None:
         """Scan the file at ``source`` (named ``name``), or the members of the archive it is."""
@@ -483,10 +509,15 @@ class _PathScan:
                 with open(copy, "rb") as again:
                     self.findings.extend(scan_stream(name, again))
                 self.batches.bound()
+            # After its members, which have proved the zip readable: what none of them covers.
+            ranges = outside_members(source, shown, kind)
         except ArchiveError as error:
             raise ScanInputError(str(error)) from error
         finally:
             listed.close()  # closes the archive even when a member failed
+        if ranges:
+            self.outside.add(f"{shown}!{OUTSIDE}")
+            self.batches.add_ranges(source, ranges, f"{shown}!{OUTSIDE}")
         self._raw(source, shown)
 
     def _raw(self, source: Path, shown: str) -> None:
@@ -513,6 +544,21 @@ class _PathScan:
             os.unlink(part)
 
 
+def _once(found: list[Finding], outside: set[str]) -> list[Finding]:
+    """``found`` without the findings of an archive's bytes outside its members that a member already gave.
+
+    The catalogue's findings arrive when a batch is scanned, after the archive is closed: so this is
+    judged over the whole scan's findings, as :meth:`_PathScan._raw` judges our rules' at once.
+    """
+    if not outside:
+        return found
+    given: dict[str, set[tuple[str, str]]] = {}
+    for path in outside:
+        inside = path.removesuffix(OUTSIDE)  # "ARCHIVE!"
+        given[path] = {(f.rule, f.match) for f in found if f.path.startswith(inside) and f.path != path}
+    return [f for f in found if f.path not in given or (f.rule, f.match) not in given[f.path]]
+
+
 def scan_paths(files: Iterable[tuple[Path, str]], catalogue: Catalogue) -> Scanned:
     """Scan files where they lie, ``(source, name)`` pairs, opening the archives among them.
 
@@ -522,7 +568,7 @@ def scan_paths(files: Iterable[tuple[Path, str]], catalogue: Catalogue) -> Scann
         scan = _PathScan(catalogue, Path(scratch))
         for source, name in files:
             scan.file(source, name)
-        found = scan.findings + scan.batches.finish()
+        found = _once(scan.findings + scan.batches.finish(), scan.outside)
     findings = sorted(found, key=lambda f: (f.path, f.line or 0, f.rule))
     return Scanned(scan.files, scan.archives, scan.notes, findings)
 

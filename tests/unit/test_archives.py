@@ -613,3 +613,111 @@ def test_the_help_says_what_is_read_whole_and_the_limits() -> None:
         "bytes, an archive of more than 250000 entries or a scan of more than 1000000 archive entries "
         "(exit 2)."
     ) in text
+
+
+def _outside(tmp_path: Path, name: str, data: bytes) -> list[tuple[int, int]]:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return archives.outside_members(path, name, archives.archive_kind(name))  # type: ignore[arg-type]
+
+
+def test_the_bytes_outside_a_zips_members_are_computed_from_its_records(tmp_path: Path) -> None:
+    """Prefix, gap, comment and suffix: each bound read from the zip's own records, nothing else."""
+    plain = _zip({"pkg/__init__.py": b"", "pkg/a.py": b"print(1)\n" * 40})
+    assert _outside(tmp_path, WHEEL, plain) == []
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pkg/", b"")  # a directory entry with no data: all structure, covered
+        archive.writestr("pkg/a.py", b"print(1)\n" * 40)
+        raw.write(b"<gap>")  # between two records: zipfile writes the next one where it left off
+        archive.start_dir = raw.tell()  # type: ignore[attr-defined]
+        archive.writestr("pkg/b.py", b"print(2)\n" * 40)
+        archive.comment = b"<comment>"
+    prefix, suffix = b"#!/bin/sh\nexit 0\n", b"<suffix>"
+    data = prefix + raw.getvalue() + suffix
+    ranges = _outside(tmp_path, "commented.zip", data)
+    assert [data[start:end] for start, end in ranges] == [prefix, b"<gap>", b"<comment><suffix>"]
+    assert ranges[0] == (0, len(prefix)) and ranges[-1][1] == len(data)
+    # A zip written to a stream puts a data descriptor after each member's data: a record's bytes too.
+    streamed = io.BytesIO()
+    with zipfile.ZipFile(_Unseekable(streamed), "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pkg/a.py", b"print(1)\n" * 40)
+    assert zipfile.ZipFile(streamed).infolist()[0].flag_bits & 0x08
+    assert _outside(tmp_path, "streamed.zip", streamed.getvalue()) == []
+    # Tars are read whole (bytes past the reader's end refused) and an ar's headers follow each other
+    # to its last byte: neither has bytes outside its members.
+    assert _outside(tmp_path, "a.tar", _tar({"a.txt": b"a\n"})) == []
+    assert _outside(tmp_path, "tool_1.0_arm64.deb", _deb({"./a.txt": b"a\n"})) == []
+
+
+class _Unseekable(io.RawIOBase):
+    """A stream zipfile cannot seek back in, so it writes a data descriptor after each member."""
+
+    def __init__(self, out: io.BytesIO) -> None:
+        super().__init__()
+        self.out = out
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        return self.out.write(data)
+
+
+def test_a_zip64_archives_end_records_are_its_directorys(tmp_path: Path) -> None:
+    """Past 65535 entries zipfile writes a zip64 end record and its locator before the classic one."""
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as archive:
+        for n in range(0x10000):
+            archive.writestr(zipfile.ZipInfo(f"{n}"), b"")
+        archive.comment = b"<comment>"
+    data = raw.getvalue()
+    assert b"PK\x06\x06" in data  # a zip64 end record
+    ranges = _outside(tmp_path, "many.zip", data)
+    assert [data[start:end] for start, end in ranges] == [b"<comment>"]
+
+
+def _catalogue_only(tmp_path: Path) -> dict[str, bytes]:
+    """Zips with the Slack token outside their members: a bare token, which only the catalogue knows."""
+    hidden = f"token {TOKEN}\n".encode()
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pkg/__init__.py", b"")
+        archive.comment = hidden
+    wheel = _zip({"pkg/__init__.py": b"", "pkg-1.0.dist-info/RECORD": b""})
+    return {"commented.zip": raw.getvalue(), WHEEL: wheel + hidden, "prepended.zip": hidden + wheel}
+
+
+def test_a_token_outside_a_zips_members_is_found_by_the_catalogue(tmp_path: Path) -> None:
+    """In its comment, appended after a wheel, prepended before a zip: named as outside the members."""
+    assert _scan_text_of_our_rules(f"token {TOKEN}\n") == []  # our rules alone would miss all three
+    paths = []
+    for name, data in _catalogue_only(tmp_path).items():
+        paths.append(tmp_path / name)
+        paths[-1].write_bytes(data)
+    report = _scan(*paths)
+    assert _locations(report) == [
+        f"{tmp_path}/commented.zip!(bytes outside the members):2:{RULE}",
+        f"{tmp_path}/{WHEEL}!(bytes outside the members):2:{RULE}",
+        f"{tmp_path}/prepended.zip!(bytes outside the members):2:{RULE}",
+    ]
+    assert report.files == 5  # the members; the bytes outside them are no file
+    done = _cli(str(tmp_path / WHEEL))
+    assert done.stdout.splitlines()[0] == (
+        f"{tmp_path}/{WHEEL}!(bytes outside the members):2:{RULE}: xoxb***({len(TOKEN)} chars)"
+    )
+    assert TOKEN not in done.stdout + done.stderr
+
+
+def _scan_text_of_our_rules(text: str) -> list[str]:
+    return [f.rule for f in scan.scan_stream("notes.txt", io.BytesIO(text.encode()))]
+
+
+def test_a_token_outside_the_members_that_a_member_gave_is_reported_once(tmp_path: Path) -> None:
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pkg/config.txt", SLACK)
+        archive.comment = f"token {TOKEN}\n".encode()
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(raw.getvalue())
+    assert _locations(_scan(wheel)) == [f"{wheel}!pkg/config.txt:1:{RULE}"]
