@@ -29,6 +29,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         MAX_HEADER_BYTES,
         MAX_MEMBERS,
         MAX_SCAN_MEMBERS,
+        OUTSIDE,
     )
     from sparkseal.core.secret_rules import RULES
     from sparkseal.scan.scanner import DEFAULT_ALLOW
@@ -44,7 +45,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         f"directory, OCI archive or docker archive. Archives among the files ({', '.join(KINDS)}) are "
         f"opened, {MAX_ARCHIVE_DEPTH} levels deep: a finding inside one is named ARCHIVE!member, and a "
         "corrupt archive or a bomb is an error (exit 2). Every member's bytes are scanned, a zip's "
-        "'symbolic links' too, and each archive's own bytes as well (a zip comment, appended data); a "
+        "'symbolic links' too, and each archive's own bytes as well: the bytes of a zip outside its members "
+        f"(its comment, data prepended, appended or between members) by both rule sets, as ARCHIVE!{OUTSIDE} "
+        "for the catalogue, the whole archive by our rules; a "
         "tar must be read whole: data past its end (after its end blocks or a zero block, in a second gzip "
         f"member) is refused, as is a tar header over {MAX_HEADER_BYTES} bytes, an archive of more than "
         f"{MAX_MEMBERS} entries or a scan of more than {MAX_SCAN_MEMBERS} archive entries (exit 2). "

@@ -26,8 +26,9 @@ regular members are scanned instead (a zip's "links" too: their bytes are data t
 that are archives in turn, down to ``MAX_ARCHIVE_DEPTH``. What lies outside a zip's members (its comment,
 bytes prepended, appended or between its records: ``sparkseal.core.archives.outside_members``) is read by
 both rule sets: the catalogue reads those bytes alone, as the pseudo-member ``ARCHIVE!(bytes outside the
-members)`` (never the whole compressed archive, which it would skip as an archive and which is slow to read
-for a large wheel), and our rules read each archive's own bytes whole, reporting a match as the archive's.
+members)``, a finding there at the archive's own line (never the whole compressed archive, which it would
+skip as an archive and which is slow to read for a large wheel); our rules read each archive's own bytes
+whole, reporting a match as the archive's. A match a member already gave is not reported again.
 A tar is read whole: one holding bytes past where the reader stops (after its end blocks or a zero block,
 in a second gzip member) is refused, as are headers and member counts over the limits of
 ``sparkseal.core.archives``. A finding inside one is named ``ARCHIVE!member`` (nested:
@@ -40,6 +41,7 @@ speed the image build needs.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import json
 import os
@@ -49,7 +51,7 @@ import tarfile
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -286,6 +288,31 @@ def _member_path(name: str) -> str:
     return name.removeprefix("./").lstrip("/")
 
 
+@dataclass(frozen=True)
+class _Lines:
+    """Where each range of a file's bytes copied into a batch starts: its line in the copy, in the file."""
+
+    copy: list[int]
+    source: list[int]
+
+    def of_source(self, line: int) -> int:
+        """The line of the file where line ``line`` of the copy lies."""
+        at = max(bisect.bisect_right(self.copy, line) - 1, 0)
+        return self.source[at] + line - self.copy[at]
+
+
+def _newlines(raw: IO[bytes], start: int, end: int, out: IO[bytes] | None = None) -> int:
+    """The newlines in bytes ``start`` to ``end`` of ``raw``, read in chunks (copied to ``out``, if given)."""
+    raw.seek(start)
+    count, left = 0, end - start
+    while left > 0 and (data := raw.read(min(left, CHUNK))):
+        count += data.count(b"\n")
+        left -= len(data)
+        if out is not None:
+            out.write(data)
+    return count
+
+
 class _CatalogueBatches:
     """Hands layer members to the catalogue in batches, each member at ``NNNNNN/<its file name>``.
 
@@ -340,24 +367,30 @@ class _CatalogueBatches:
         if self.size >= _BATCH_BYTES:
             self.flush()
 
-    def add_ranges(self, source: Path, ranges: list[tuple[int, int]], name: str) -> None:
+    def add_ranges(self, source: Path, ranges: list[tuple[int, int]], name: str) -> _Lines:
         """Copy the byte ``ranges`` of ``source`` into the batch as one file, each range on a line of its own.
 
         The newline before each range keeps a match from spanning two of them (they do not touch in
         ``source``), and keeps the file from starting with an archive's magic, which the scanner would
-        skip (a zip's ``PK\\3\\4``, even prepended to another zip, is a range like any other).
+        skip (a zip's ``PK\\3\\4``, even prepended to another zip, is a range like any other). The bytes
+        between the ranges are read too, for their newlines only: so a finding in the copy can be given
+        the line of ``source`` where it lies (see :class:`_Lines`).
         """
         place = self._place(name)
+        lines = _Lines([], [])
+        copied, line, cursor = 1, 1, 0  # the line the copy and ``source`` have reached
         with open(source, "rb") as raw, open(place, "wb") as out:
             for start, end in ranges:
+                line += _newlines(raw, cursor, start)
                 out.write(b"\n")
-                raw.seek(start)
-                left = end - start
-                while left > 0 and (data := raw.read(min(left, CHUNK))):
-                    out.write(data)
-                    left -= len(data)
+                copied += 1
+                lines.copy.append(copied)
+                lines.source.append(line)
+                inside = _newlines(raw, start, end, out)
+                line, copied, cursor = line + inside, copied + inside, end
                 self.size += end - start + 1
         self.bound()
+        return lines
 
     def add_file(self, source: Path, name: str) -> None:
         """Hard-link ``source`` into the batch; copy it when it is a link or no hard link can be made.
@@ -476,7 +509,8 @@ class _PathScan:
         self.notes: list[str] = []
         self.findings: list[Finding] = []
         self.tally = Tally()  # archive entries over the whole scan (MAX_SCAN_MEMBERS)
-        self.outside: set[str] = set()  # the pseudo-members ARCHIVE!(bytes outside the members) handed out
+        # The pseudo-members ARCHIVE!(bytes outside the members) handed out, and where their lines lie
+        self.outside: dict[str, _Lines] = {}
 
     def file(self, source: Path, name: str) -> None:
         """Scan the file at ``source`` (named ``name``), or the members of the archive it is."""
@@ -516,15 +550,16 @@ class _PathScan:
         finally:
             listed.close()  # closes the archive even when a member failed
         if ranges:
-            self.outside.add(f"{shown}!{OUTSIDE}")
-            self.batches.add_ranges(source, ranges, f"{shown}!{OUTSIDE}")
+            name = f"{shown}!{OUTSIDE}"
+            self.outside[name] = self.batches.add_ranges(source, ranges, name)
         self._raw(source, shown)
 
     def _raw(self, source: Path, shown: str) -> None:
         """Our rules over the archive's own bytes: what no reader hands out as a member is scanned too.
 
         A zip's comment, bytes before or after its records, a compressed file's header fields: an
-        unzip shows some of them, and nobody's rules saw them. A match that one of the archive's members
+        unzip shows some of them, and our rules read them here (the catalogue reads a zip's bytes
+        outside its members apart, see :meth:`_archive`). A match that one of the archive's members
         already gave (a stored member's bytes lie in the archive as they are) is not reported twice.
         """
         inside = f"{shown}!"
@@ -544,11 +579,13 @@ class _PathScan:
             os.unlink(part)
 
 
-def _once(found: list[Finding], outside: set[str]) -> list[Finding]:
-    """``found`` without the findings of an archive's bytes outside its members that a member already gave.
+def _outside_placed(found: list[Finding], outside: dict[str, _Lines]) -> list[Finding]:
+    """``found``, with each finding in an archive's bytes outside its members at the archive's own line,
+    and without those a member already gave.
 
-    The catalogue's findings arrive when a batch is scanned, after the archive is closed: so this is
-    judged over the whole scan's findings, as :meth:`_PathScan._raw` judges our rules' at once.
+    The line is the archive's, as our rules report a match in its own bytes (:meth:`_PathScan._raw`).
+    The catalogue's findings arrive when a batch is scanned, after the archive is closed: so repeats are
+    judged over the whole scan's findings, as ``_raw`` judges our rules' at once.
     """
     if not outside:
         return found
@@ -556,7 +593,16 @@ def _once(found: list[Finding], outside: set[str]) -> list[Finding]:
     for path in outside:
         inside = path.removesuffix(OUTSIDE)  # "ARCHIVE!"
         given[path] = {(f.rule, f.match) for f in found if f.path.startswith(inside) and f.path != path}
-    return [f for f in found if f.path not in given or (f.rule, f.match) not in given[f.path]]
+    placed = []
+    for finding in found:
+        lines = outside.get(finding.path)
+        if lines is not None:
+            if (finding.rule, finding.match) in given[finding.path]:
+                continue
+            if finding.line is not None:
+                finding = replace(finding, line=lines.of_source(finding.line))
+        placed.append(finding)
+    return placed
 
 
 def scan_paths(files: Iterable[tuple[Path, str]], catalogue: Catalogue) -> Scanned:
@@ -568,7 +614,7 @@ def scan_paths(files: Iterable[tuple[Path, str]], catalogue: Catalogue) -> Scann
         scan = _PathScan(catalogue, Path(scratch))
         for source, name in files:
             scan.file(source, name)
-        found = _once(scan.findings + scan.batches.finish(), scan.outside)
+        found = _outside_placed(scan.findings + scan.batches.finish(), scan.outside)
     findings = sorted(found, key=lambda f: (f.path, f.line or 0, f.rule))
     return Scanned(scan.files, scan.archives, scan.notes, findings)
 

@@ -608,7 +608,9 @@ def test_the_help_says_what_is_read_whole_and_the_limits() -> None:
     text = " ".join(_cli("--help").stdout.split())
     assert (
         "Every member's bytes are scanned, a zip's 'symbolic links' too, and each archive's own bytes as "
-        "well (a zip comment, appended data); a tar must be read whole: data past its end (after its end "
+        "well: the bytes of a zip outside its members (its comment, data prepended, appended or between "
+        "members) by both rule sets, as ARCHIVE!(bytes outside the members) for the catalogue, the whole "
+        "archive by our rules; a tar must be read whole: data past its end (after its end "
         "blocks or a zero block, in a second gzip member) is refused, as is a tar header over 1048576 "
         "bytes, an archive of more than 250000 entries or a scan of more than 1000000 archive entries "
         "(exit 2)."
@@ -684,33 +686,30 @@ def _catalogue_only(tmp_path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("pkg/__init__.py", b"")
         archive.comment = hidden
-    wheel = _zip({"pkg/__init__.py": b"", "pkg-1.0.dist-info/RECORD": b""})
-    return {"commented.zip": raw.getvalue(), WHEEL: wheel + hidden, "prepended.zip": hidden + wheel}
+    # Stored, so that newlines in its members count towards the line of what follows them.
+    wheel = _zip({"pkg/__init__.py": b"# one\n# two\n", "pkg-1.0.dist-info/RECORD": b""}, zipfile.ZIP_STORED)
+    stub = b'#!/bin/sh\nexec unzip -o "$0"\n'  # a self-extracting stub: the comment is the second range
+    return {"commented.zip": stub + raw.getvalue(), WHEEL: wheel + hidden, "prepended.zip": hidden + wheel}
 
 
 def test_a_token_outside_a_zips_members_is_found_by_the_catalogue(tmp_path: Path) -> None:
-    """In its comment, appended after a wheel, prepended before a zip: named as outside the members."""
-    assert _scan_text_of_our_rules(f"token {TOKEN}\n") == []  # our rules alone would miss all three
-    paths = []
+    """In its comment, appended after a wheel, prepended before a zip: named as outside the members, at
+    the archive's own line (as our rules report a match in its bytes)."""
+    bare = f"token {TOKEN}\n"
+    assert scan.scan_stream("notes.txt", io.BytesIO(bare.encode())) == []  # our rules alone miss all three
+    expected, paths = [], []
     for name, data in _catalogue_only(tmp_path).items():
         paths.append(tmp_path / name)
         paths[-1].write_bytes(data)
+        line = data[: data.index(bare.encode())].count(b"\n") + 1
+        expected.append(f"{tmp_path}/{name}!(bytes outside the members):{line}:{RULE}")
+    assert [location.split(":")[1] for location in expected] == ["3", "3", "1"]
     report = _scan(*paths)
-    assert _locations(report) == [
-        f"{tmp_path}/commented.zip!(bytes outside the members):2:{RULE}",
-        f"{tmp_path}/{WHEEL}!(bytes outside the members):2:{RULE}",
-        f"{tmp_path}/prepended.zip!(bytes outside the members):2:{RULE}",
-    ]
+    assert _locations(report) == expected
     assert report.files == 5  # the members; the bytes outside them are no file
     done = _cli(str(tmp_path / WHEEL))
-    assert done.stdout.splitlines()[0] == (
-        f"{tmp_path}/{WHEEL}!(bytes outside the members):2:{RULE}: xoxb***({len(TOKEN)} chars)"
-    )
+    assert done.stdout.splitlines()[0] == f"{expected[1]}: xoxb***({len(TOKEN)} chars)"
     assert TOKEN not in done.stdout + done.stderr
-
-
-def _scan_text_of_our_rules(text: str) -> list[str]:
-    return [f.rule for f in scan.scan_stream("notes.txt", io.BytesIO(text.encode()))]
 
 
 def test_a_token_outside_the_members_that_a_member_gave_is_reported_once(tmp_path: Path) -> None:
