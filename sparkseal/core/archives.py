@@ -309,7 +309,8 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
     A tar has none: it is read whole, and bytes past where its reader stops that are not zeros are
     refused (:func:`_tar_members`). An ar archive (a .deb) has none either: its members are read header
     after header from its magic to its last byte, each member's data following its header (an odd one
-    padded with one byte), and a truncated or corrupt header is refused (:func:`_ar_members`).
+    padded with one byte), and a truncated or corrupt header, or a second member of one name, is
+    refused (:func:`_ar_members`).
     """
     if kind.container != "zip":
         return []
@@ -667,6 +668,12 @@ def _ar_members(raw: IO[bytes], shown: str, kind: ArchiveKind, budget: Budget) -
         if size < 0 or start + size > total:
             raise ArchiveError(f"{where}: member {name!r} claims {size} bytes, only {total - start} remain")
         _enter(shown, budget, len(found) + 1, f" (its ar header at byte {offset})")
+        if name in found:  # by name, one of the two would go unread: dpkg-deb takes the first data.tar
+            raise ArchiveError(
+                f"{where}: two members named {name!r} (their ar headers at bytes "
+                f"{found[name][0] - _AR_HEADER} and {offset}); refused, since which one an unpacker reads "
+                "is not the scan's to choose"
+            )
         found[name] = (start, size)
         offset = start + size + (size & 1)
     return found

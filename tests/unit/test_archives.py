@@ -720,3 +720,25 @@ def test_a_token_outside_the_members_that_a_member_gave_is_reported_once(tmp_pat
     wheel = tmp_path / WHEEL
     wheel.write_bytes(raw.getvalue())
     assert _locations(_scan(wheel)) == [f"{wheel}!pkg/config.txt:1:{RULE}"]
+
+
+def test_a_deb_with_two_members_of_one_name_is_refused(tmp_path: Path) -> None:
+    """dpkg-deb installs the first data.tar; a reader by name would scan only one of the two."""
+    control = gzip.compress(_tar({"./control": b"Package: tool\n"}))
+    hidden = lzma.compress(_tar({"./etc/tool/config.txt": SLACK}))
+    clean = lzma.compress(_tar({"./usr/bin/tool": b"x"}))
+    members = [("debian-binary", b"2.0\n"), ("control.tar.gz", control), ("data.tar.xz", hidden)]
+    deb = tmp_path / "tool_1.0_arm64.deb"
+    deb.write_bytes(_ar([*members, ("data.tar.xz", clean)]))
+    second = len(_ar(members))
+    first = second - _AR_HEADER_BYTES - len(hidden) - len(hidden) % 2
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(deb)
+    assert str(caught.value) == (
+        f"{deb}: expected a Debian package (an ar archive with a data.tar member), cannot read it: two "
+        f"members named 'data.tar.xz' (their ar headers at bytes {first} and {second}); refused, since "
+        "which one an unpacker reads is not the scan's to choose"
+    )
+
+
+_AR_HEADER_BYTES = 60
