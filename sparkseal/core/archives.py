@@ -299,12 +299,13 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
     (a directory entry's data is never handed out, so its record stays outside); its directory is its
     central directory records and end records (zip64 and classic). Everything else is what no unzip
     hands out as a member and yet lies in the file: bytes before the first record (a self-extracting
-    stub, or anything prepended), between records, the archive comment, and bytes after it (appended
-    data; zipfile finds the end record up to 64 KiB before the end). Each bound is read from the zip's
-    own records: a member's offset and compressed size from its central directory entry, the length of
-    its name and extra field from its local header (the two may differ), the directory from the end
-    record. A local header without its signature covers nothing, so its bytes stay outside too: nothing
-    is assumed covered that a record does not state.
+    stub, or anything prepended), between records, a stored member's data past the size it states (see
+    :func:`_local_record`), the archive comment, and bytes after it (appended data; zipfile finds the
+    end record up to 64 KiB before the end). Each bound is read from the zip's own records: a member's
+    offset, sizes and method from its central directory entry, the length of its name and extra field
+    from its local header (the two may differ), the directory from the end record. A local header
+    without its signature covers nothing, so its bytes stay outside too: nothing is assumed covered
+    that a record does not state.
 
     A tar has none: it is read whole, and bytes past where its reader stops that are not zeros are
     refused (:func:`_tar_members`). An ar archive (a .deb) has none either: its members are read header
@@ -320,7 +321,12 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
             end = zipfile._EndRecData(raw)  # type: ignore[attr-defined]
             with zipfile.ZipFile(raw) as archive:
                 listed = archive.infolist()
-                covered = [_local_record(raw, i) for i in listed if not i.is_dir() or not i.file_size]
+                covered = [
+                    part
+                    for info in listed
+                    if not info.is_dir() or not info.file_size
+                    for part in _local_record(raw, info)
+                ]
                 start = archive.start_dir  # type: ignore[attr-defined]  # where zipfile read the directory
     except _READ_ERRORS as error:
         raise _unreadable(shown, kind, error) from error
@@ -337,20 +343,27 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
     return _uncovered(covered, size)
 
 
-def _local_record(raw: IO[bytes], info: zipfile.ZipInfo) -> tuple[int, int]:
-    """The bytes of one member's local record: its header, name, extra field, data and data descriptor."""
+def _local_record(raw: IO[bytes], info: zipfile.ZipInfo) -> list[tuple[int, int]]:
+    """The bytes of one member's local record: its header, name, extra field, data and data descriptor.
+
+    A stored member's data is covered up to its stated size only: zipfile hands out that many bytes and
+    no more, so what its compressed size states beyond them stays outside. (A compressed member's
+    data is covered whole: where its stream ends is known only by decompressing it.)
+    """
     start = info.header_offset
     raw.seek(start)
     header = raw.read(_LOCAL_HEADER)
     if len(header) != _LOCAL_HEADER or header[:4] != zipfile.stringFileHeader:  # type: ignore[attr-defined]
-        return (start, start)
+        return []
     flags, name, extra = int.from_bytes(header[6:8], "little"), header[26:28], header[28:30]
-    end = start + _LOCAL_HEADER + int.from_bytes(name, "little") + int.from_bytes(extra, "little")
-    end += info.compress_size
+    data = start + _LOCAL_HEADER + int.from_bytes(name, "little") + int.from_bytes(extra, "little")
+    end = data + info.compress_size
+    handed = min(info.file_size, info.compress_size) if info.compress_type == zipfile.ZIP_STORED else None
+    record = [(start, end if handed is None else data + handed)]
     if flags & 0x08:  # a data descriptor follows the data: CRC and sizes, with or without its signature
         raw.seek(end)
-        end += 16 if raw.read(4) == _DESCRIPTOR else 12
-    return (start, end)
+        record.append((end, end + (16 if raw.read(4) == _DESCRIPTOR else 12)))
+    return record
 
 
 def _uncovered(covered: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:

@@ -15,6 +15,7 @@ import lzma
 import sys
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -646,6 +647,10 @@ def test_the_bytes_outside_a_zips_members_are_computed_from_its_records(tmp_path
         archive.writestr("pkg/a.py", b"print(1)\n" * 40)
     assert zipfile.ZipFile(streamed).infolist()[0].flag_bits & 0x08
     assert _outside(tmp_path, "streamed.zip", streamed.getvalue()) == []
+    # A stored member's data past the size it states: zipfile hands out that size and no more.
+    slack = _stored_slack(b"a\n", b"<slack>")
+    assert zipfile.ZipFile(io.BytesIO(slack)).read("a.txt") == b"a\n"
+    assert [slack[start:end] for start, end in _outside(tmp_path, "slack.zip", slack)] == [b"<slack>"]
     # Tars are read whole (bytes past the reader's end refused) and an ar's headers follow each other
     # to its last byte: neither has bytes outside its members.
     assert _outside(tmp_path, "a.tar", _tar({"a.txt": b"a\n"})) == []
@@ -679,6 +684,23 @@ def test_a_zip64_archives_end_records_are_its_directorys(tmp_path: Path) -> None
     assert [data[start:end] for start, end in ranges] == [b"<comment>"]
 
 
+def _stored_slack(shown: bytes, hidden: bytes) -> bytes:
+    """A zip of one stored member whose records state ``shown``'s size and CRC, its data ``shown + hidden``.
+
+    zipfile hands out the stated size, so ``hidden`` is read by no reader, and yet lies in the member's
+    compressed size (the two sizes of a stored member need not agree).
+    """
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("a.txt", shown + hidden)
+    data = bytearray(raw.getvalue())
+    central = data.index(b"PK\x01\x02")
+    fields = (zlib.crc32(shown).to_bytes(4, "little"), len(shown).to_bytes(4, "little"))
+    data[14:18], data[22:26] = fields  # the local header's CRC and uncompressed size
+    data[central + 16 : central + 20], data[central + 24 : central + 28] = fields  # the directory's
+    return bytes(data)
+
+
 def _catalogue_only(tmp_path: Path) -> dict[str, bytes]:
     """Zips with the Slack token outside their members: a bare token, which only the catalogue knows."""
     hidden = f"token {TOKEN}\n".encode()
@@ -689,12 +711,17 @@ def _catalogue_only(tmp_path: Path) -> dict[str, bytes]:
     # Stored, so that newlines in its members count towards the line of what follows them.
     wheel = _zip({"pkg/__init__.py": b"# one\n# two\n", "pkg-1.0.dist-info/RECORD": b""}, zipfile.ZIP_STORED)
     stub = b'#!/bin/sh\nexec unzip -o "$0"\n'  # a self-extracting stub: the comment is the second range
-    return {"commented.zip": stub + raw.getvalue(), WHEEL: wheel + hidden, "prepended.zip": hidden + wheel}
+    return {
+        "commented.zip": stub + raw.getvalue(),
+        WHEEL: wheel + hidden,
+        "prepended.zip": hidden + wheel,
+        "stored-slack.zip": _stored_slack(b"a\n", hidden),
+    }
 
 
 def test_a_token_outside_a_zips_members_is_found_by_the_catalogue(tmp_path: Path) -> None:
-    """In its comment, appended after a wheel, prepended before a zip: named as outside the members, at
-    the archive's own line (as our rules report a match in its bytes)."""
+    """In its comment, appended after a wheel, prepended before a zip, past a stored member's stated size:
+    named as outside the members, at the archive's own line (as our rules report a match in its bytes)."""
     bare = f"token {TOKEN}\n"
     assert scan.scan_stream("notes.txt", io.BytesIO(bare.encode())) == []  # our rules alone miss all three
     expected, paths = [], []
@@ -703,10 +730,10 @@ def test_a_token_outside_a_zips_members_is_found_by_the_catalogue(tmp_path: Path
         paths[-1].write_bytes(data)
         line = data[: data.index(bare.encode())].count(b"\n") + 1
         expected.append(f"{tmp_path}/{name}!(bytes outside the members):{line}:{RULE}")
-    assert [location.split(":")[1] for location in expected] == ["3", "3", "1"]
+    assert [location.split(":")[1] for location in expected] == ["3", "3", "1", "2"]
     report = _scan(*paths)
     assert _locations(report) == expected
-    assert report.files == 5  # the members; the bytes outside them are no file
+    assert report.files == 6  # the members; the bytes outside them are no file
     done = _cli(str(tmp_path / WHEEL))
     assert done.stdout.splitlines()[0] == f"{expected[1]}: xoxb***({len(TOKEN)} chars)"
     assert TOKEN not in done.stdout + done.stderr
