@@ -156,6 +156,7 @@ class Budget:
     used: int = 0
     members: int = 0
     scan: Tally = field(default_factory=Tally)
+    skipped: int = 0  # bytes of its tars that are no member's data, handed out as HEADERS
 
 
 def _enter(shown: str, budget: Budget, position: int, where: str) -> None:
@@ -495,15 +496,102 @@ def open_tar(
     return tarfile.open(name=path, fileobj=fileobj, mode=mode, tarinfo=_bounded_tarinfo(state))
 
 
+# The name, after ``ARCHIVE!``, under which the bytes of a tar that are no member's data are handed to
+# both rule sets (``sparkseal.scan.scanner``): a finding there reads ``ARCHIVE!(tar headers and padding)``.
+HEADERS = "(tar headers and padding)"
+
+
+class Skipped:
+    """The bytes of a tar that are no regular member's data, written to ``out`` as its reader reads them.
+
+    Header blocks (ustar name, linkname, uname, gname, prefix, and the unused bytes of the block), pax
+    extended and global headers (every record: ``comment``, a vendor's key, not only the path), GNU long
+    names and links, the padding after each member's data, and the data of an entry the reader skips (an
+    unknown type): what no reader hands out as a member, and yet lies in the tar. The zero blocks at its
+    end are not (what follows them must be zeros: :func:`_tar_members`). Each run of such bytes (they
+    lie between two members' data) starts a line of its own in ``out``, after a newline, so that no
+    match spans two runs; ``lines`` holds, for each run, its line in ``out`` and its line in the tar
+    (newlines of the members' data counted too), so a finding can be given the tar's own line.
+
+    Bytes are classified as the reader reaches them: the decompressed stream reads ahead of the header
+    that says what they are, so the bytes past what is known are held (at most the extension headers
+    of one entry, :data:`MAX_HEADER_BYTES`, and the reader's read-ahead); a member's data is never held.
+    """
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.size = 0  # bytes written to ``out``, the newlines before each run included
+        self.lines: list[tuple[int, int]] = []
+        self._held = bytearray()  # bytes from ``_at`` on, read but not yet classified
+        self._at = 0
+        self._known = 0  # bytes before this are classified: member data, or not
+        self._data: list[tuple[int, int]] = []  # member data ranges not yet passed, in order
+        self._data_bytes = 0  # of every range told so far
+        self._line = 1  # the tar's line at ``_at``
+        self._copied = 1  # the line ``out`` has reached
+        self._written = -1  # where the last run written so far ends in the tar
+        self._done = False
+
+    @property
+    def extent(self) -> int:
+        """How many of the tar's bytes up to what is known are no member's data (written or to be)."""
+        return self._known - self._data_bytes
+
+    def feed(self, data: bytes) -> None:
+        """The next bytes of the tar, as the reader's stream reads them."""
+        if not self._done:
+            self._held += data
+            self._settle()
+
+    def advance(self, known: int, data: tuple[int, int] | None) -> None:
+        """Bytes up to ``known`` are classified: ``data`` (a member's, within them) and the rest."""
+        if data is not None and data[1] > data[0]:
+            self._data.append(data)
+            self._data_bytes += data[1] - data[0]
+        self._known = max(self._known, known)
+        self._settle()
+
+    def finish(self, end: int) -> None:
+        """The reader stopped at ``end``: bytes before it are classified, what follows is not the tar's."""
+        self.advance(end, None)
+        self._held.clear()
+        self._done = True
+
+    def _settle(self) -> None:
+        upto = min(self._known, self._at + len(self._held))
+        while self._at < upto:
+            inside = bool(self._data) and self._data[0][0] <= self._at
+            if inside:
+                cut = min(self._data[0][1], upto)
+            else:
+                cut = min(self._data[0][0], upto) if self._data else upto
+            part = bytes(self._held[: cut - self._at])
+            del self._held[: cut - self._at]
+            if not inside:
+                if self._written != self._at:  # a new run
+                    self.out.write(b"\n")
+                    self._copied += 1
+                    self.size += 1
+                    self.lines.append((self._copied, self._line))
+                self.out.write(part)
+                self.size += len(part)
+                self._copied += part.count(b"\n")
+                self._written = cut
+            self._line += part.count(b"\n")
+            self._at = cut
+            if self._data and self._at >= self._data[0][1]:
+                self._data.pop(0)
+
+
 class _Counted(io.RawIOBase):
     """The decompressed bytes of a tar as its reader reads them, counted, with the last non-zero byte.
 
     After the reader stops, what follows its end must be zeros: see :func:`_tar_members`.
     """
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], skipped: Skipped | None = None) -> None:
         super().__init__()
-        self._stream = stream
+        self._stream, self._skipped = stream, skipped
         self.count = 0
         self.last = -1  # position of the last byte that is not zero
 
@@ -516,6 +604,8 @@ class _Counted(io.RawIOBase):
         if kept:
             self.last = self.count + kept - 1
         self.count += len(data)
+        if self._skipped is not None:
+            self._skipped.feed(data)
         return data
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
@@ -547,17 +637,25 @@ def _decompressed(raw: IO[bytes], shown: str, kind: ArchiveKind, compression: st
 
 
 def _tar_members(
-    raw: IO[bytes], packed: int, shown: str, kind: ArchiveKind, compression: str, budget: Budget
+    raw: IO[bytes],
+    packed: int,
+    shown: str,
+    kind: ArchiveKind,
+    compression: str,
+    budget: Budget,
+    skipped: Skipped | None = None,
 ) -> Iterator[Member]:
     """The members of a tar, read whole: after the reader's end, anything but zeros is refused.
 
     A reader stops at the first zero block (end of archive) or, past the first member, at a header it
     cannot parse; ``tar -i`` reads on, and ``gzip -d`` unpacks a second gzip member that Python's
     stream reader never sees. Such bytes would be unpacked by someone and never scanned, so an archive
-    holding any is refused, not scanned in part.
+    holding any is refused, not scanned in part. With ``skipped``, every byte up to the reader's end
+    that is no regular member's data is written there as it is read (see :class:`Skipped`), judged
+    like members against the bomb limits (``budget.skipped``) before the next member is read.
     """
     source, errors = _decompressed(raw, shown, kind, compression)
-    counted = _Counted(source)
+    counted = _Counted(source, skipped)
     try:
         tar = open_tar(shown, counted, mode="r|", kind=kind, budget=budget)
     except errors as error:
@@ -572,9 +670,11 @@ def _tar_members(
                 break
             except errors as error:
                 raise _unreadable(shown, kind, error) from error
+            name = member_name(member.name)
+            if skipped is not None:
+                _admit_skipped(skipped, member, tar.offset, shown, packed, unpacked, budget, name)
             if not member.isfile():  # directories, links (not followed), devices
                 continue
-            name = member_name(member.name)
             # Only the headers read so far state sizes: judged member by member, before each is read.
             _admit(shown, packed, unpacked + member.size, budget, member.size, f"its members up to {name}")
             unpacked += member.size
@@ -586,7 +686,44 @@ def _tar_members(
             assert stream is not None  # a regular member always has content
             yield Member(name, member.size, _Guarded(stream, shown, kind, name, errors))
         end = tar.offset
+    if skipped is not None:
+        skipped.finish(end)
     _read_to_end(counted, end, packed, shown, kind, errors, budget)
+
+
+def _admit_skipped(
+    skipped: Skipped,
+    member: tarfile.TarInfo,
+    following: int,
+    shown: str,
+    packed: int,
+    unpacked: int,
+    budget: Budget,
+    name: str,
+) -> None:
+    """Tell ``skipped`` where ``member``'s data lies (its entry ends at ``following``, where the next
+    header starts), and judge the bytes that are no member's data so far against the bomb limits.
+
+    Those bytes are bounded per entry already (:data:`MAX_HEADER_BYTES`, 511 bytes of padding), but
+    they are written to scratch space, so their total is judged too, before the next member is read:
+    as a member's size, against :data:`MAX_UNPACKED_BYTES` (with everything else the archive
+    unpacks) and, with the members, :data:`MAX_COMPRESSION_RATIO`. An entry whose data the reader
+    skips (an unknown type, which GNU tar extracts as a regular file) is counted here, before it is read.
+    """
+    data = (member.offset_data, member.offset_data + member.size) if member.isfile() else None
+    before = skipped.extent
+    skipped.advance(following, data)
+    added = skipped.extent - before
+    if added:
+        budget.skipped += added
+        _admit(
+            shown,
+            packed,
+            unpacked + skipped.extent,
+            budget,
+            budget.skipped,
+            f"its tar headers and padding up to {name}",
+        )
 
 
 def _read_to_end(
@@ -617,7 +754,9 @@ def _read_to_end(
 _DRAIN = 1 << 20
 
 
-def _deb_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> Iterator[Member]:
+def _deb_members(
+    path: Path, shown: str, kind: ArchiveKind, budget: Budget, skipped: Skipped | None = None
+) -> Iterator[Member]:
     """The members of a .deb's data.tar, and its other ar members as they are, streamed from the .deb on
     disk (its ar headers read first), in archive order.
 
@@ -649,7 +788,7 @@ def _deb_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> I
                     f"a Debian package whose {name} is {_TAR_KINDS[compression].description}", "tar"
                 )
                 content = _Window(raw, size)
-                yield from _tar_members(content, size, shown, tar, compression, budget)  # type: ignore[arg-type]
+                yield from _tar_members(content, size, shown, tar, compression, budget, skipped)  # type: ignore[arg-type]
     except OSError as error:
         raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: {error}") from error
 
@@ -714,15 +853,19 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-def members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> Iterator[Member]:
+def members(
+    path: Path, shown: str, kind: ArchiveKind, budget: Budget, skipped: Skipped | None = None
+) -> Iterator[Member]:
     """The regular members of the archive at ``path`` (named ``shown`` in messages), in archive order.
 
     Each member's stream must be read before the next member is asked for (tars are read as streams).
+    The bytes of a tar (a .deb's data.tar too) that are no member's data go to ``skipped`` as they are
+    read; a zip's bytes outside its members are :func:`outside_members`.
     """
     if kind.container == "zip":
         yield from _zip_members(path, shown, kind, budget)
     elif kind.container == "deb":
-        yield from _deb_members(path, shown, kind, budget)
+        yield from _deb_members(path, shown, kind, budget, skipped)
     else:
         with path.open("rb") as raw:
-            yield from _tar_members(raw, path.stat().st_size, shown, kind, kind.compression, budget)
+            yield from _tar_members(raw, path.stat().st_size, shown, kind, kind.compression, budget, skipped)

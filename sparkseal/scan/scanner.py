@@ -56,12 +56,14 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from sparkseal.core.archives import (
+    HEADERS,
     MAX_ARCHIVE_DEPTH,
     OUTSIDE,
     ArchiveError,
     ArchiveKind,
     Budget,
     Member,
+    Skipped,
     Tally,
     archive_kind,
     members,
@@ -392,6 +394,13 @@ class _CatalogueBatches:
         self.bound()
         return lines
 
+    def add_moved(self, source: Path, name: str) -> None:
+        """Move ``source``, a file of the scan's scratch space, into the batch, counted as a copy."""
+        place = self._place(name)
+        os.replace(source, place)
+        self.size += os.path.getsize(place)
+        self.bound()
+
     def add_file(self, source: Path, name: str) -> None:
         """Hard-link ``source`` into the batch; copy it when it is a link or no hard link can be made.
 
@@ -509,7 +518,8 @@ class _PathScan:
         self.notes: list[str] = []
         self.findings: list[Finding] = []
         self.tally = Tally()  # archive entries over the whole scan (MAX_SCAN_MEMBERS)
-        # The pseudo-members ARCHIVE!(bytes outside the members) handed out, and where their lines lie
+        # The pseudo-members ARCHIVE!(bytes outside the members) and ARCHIVE!(tar headers and padding)
+        # handed out, and where their lines lie in the archive (the tar, for the second)
         self.outside: dict[str, _Lines] = {}
 
     def file(self, source: Path, name: str) -> None:
@@ -525,7 +535,50 @@ class _PathScan:
 
     def _archive(self, source: Path, shown: str, kind: ArchiveKind, depth: int, budget: Budget) -> None:
         self.archives += 1
-        listed = members(source, shown, kind, budget)
+        if kind.container == "zip":
+            self._members(source, shown, kind, depth, budget, None)
+        else:
+            # A tar's bytes that are no member's data, written as they are read, into a file of its own
+            # (a batch may be scanned and removed while the tar is still being read).
+            fd, part = tempfile.mkstemp(dir=self.nested)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    skipped = Skipped(out)
+                    self._members(source, shown, kind, depth, budget, skipped)
+                if skipped.size:
+                    self._headers(Path(part), f"{shown}!{HEADERS}", skipped)
+            finally:
+                if os.path.exists(part):
+                    os.unlink(part)
+        self._raw(source, shown)
+
+    def _headers(self, part: Path, name: str, skipped: Skipped) -> None:
+        """Both rule sets over a tar's bytes that are no member's data (``part``, named ``name``).
+
+        Our rules read them here, a finding at the tar's own line and none a member already gave; the
+        catalogue reads them in its batch (see :func:`_outside_placed`).
+        """
+        lines = _Lines([copy for copy, _ in skipped.lines], [line for _, line in skipped.lines])
+        given = _given(self.findings, name)
+        with open(part, "rb") as content:
+            for finding in scan_stream(name, content):
+                if (finding.rule, finding.match) not in given:
+                    line = None if finding.line is None else lines.of_source(finding.line)
+                    self.findings.append(replace(finding, line=line))
+        self.outside[name] = lines
+        self.batches.add_moved(part, name)
+
+    def _members(
+        self,
+        source: Path,
+        shown: str,
+        kind: ArchiveKind,
+        depth: int,
+        budget: Budget,
+        skipped: Skipped | None,
+    ) -> None:
+        """Scan the members of the archive at ``source``; hand the catalogue a zip's bytes outside them."""
+        listed = members(source, shown, kind, budget, skipped)
         try:
             for member in listed:
                 name = f"{shown}!{member.name}"
@@ -552,7 +605,6 @@ class _PathScan:
         if ranges:
             name = f"{shown}!{OUTSIDE}"
             self.outside[name] = self.batches.add_ranges(source, ranges, name)
-        self._raw(source, shown)
 
     def _raw(self, source: Path, shown: str) -> None:
         """Our rules over the archive's own bytes: what no reader hands out as a member is scanned too.
@@ -579,6 +631,12 @@ class _PathScan:
             os.unlink(part)
 
 
+def _given(found: list[Finding], pseudo: str) -> set[tuple[str, str]]:
+    """The matches the members of the archive whose pseudo-member is ``pseudo`` gave (``ARCHIVE!...``)."""
+    inside = pseudo[: pseudo.rindex("!") + 1]  # "ARCHIVE!": neither pseudo-member's name holds a "!"
+    return {(f.rule, f.match) for f in found if f.path.startswith(inside) and f.path != pseudo}
+
+
 def _outside_placed(found: list[Finding], outside: dict[str, _Lines]) -> list[Finding]:
     """``found``, with each finding in an archive's bytes outside its members at the archive's own line,
     and without those a member already gave.
@@ -589,10 +647,7 @@ def _outside_placed(found: list[Finding], outside: dict[str, _Lines]) -> list[Fi
     """
     if not outside:
         return found
-    given: dict[str, set[tuple[str, str]]] = {}
-    for path in outside:
-        inside = path.removesuffix(OUTSIDE)  # "ARCHIVE!"
-        given[path] = {(f.rule, f.match) for f in found if f.path.startswith(inside) and f.path != path}
+    given = {path: _given(found, path) for path in outside}
     placed = []
     for finding in found:
         lines = outside.get(finding.path)
