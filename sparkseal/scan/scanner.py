@@ -555,17 +555,12 @@ class _PathScan:
     def _headers(self, part: Path, name: str, skipped: Skipped) -> None:
         """Both rule sets over a tar's bytes that are no member's data (``part``, named ``name``).
 
-        Our rules read them here, a finding at the tar's own line and none a member already gave; the
-        catalogue reads them in its batch (see :func:`_outside_placed`).
+        Our rules read them here, the catalogue in its batch; the findings of both are given the tar's
+        own line, and those a member already gave are dropped, by :func:`_outside_placed`.
         """
-        lines = _Lines([copy for copy, _ in skipped.lines], [line for _, line in skipped.lines])
-        given = _given(self.findings, name)
         with open(part, "rb") as content:
-            for finding in scan_stream(name, content):
-                if (finding.rule, finding.match) not in given:
-                    line = None if finding.line is None else lines.of_source(finding.line)
-                    self.findings.append(replace(finding, line=line))
-        self.outside[name] = lines
+            self.findings.extend(scan_stream(name, content))
+        self.outside[name] = _Lines([copy for copy, _ in skipped.lines], [line for _, line in skipped.lines])
         self.batches.add_moved(part, name)
 
     def _members(
@@ -638,12 +633,13 @@ def _given(found: list[Finding], pseudo: str) -> set[tuple[str, str]]:
 
 
 def _outside_placed(found: list[Finding], outside: dict[str, _Lines]) -> list[Finding]:
-    """``found``, with each finding in an archive's bytes outside its members at the archive's own line,
-    and without those a member already gave.
+    """``found``, with each finding in a pseudo-member (a zip's bytes outside its members, a tar's bytes
+    that are no member's data) at the archive's own line, and without those a member already gave.
 
-    The line is the archive's, as our rules report a match in its own bytes (:meth:`_PathScan._raw`).
-    The catalogue's findings arrive when a batch is scanned, after the archive is closed: so repeats are
-    judged over the whole scan's findings, as ``_raw`` judges our rules' at once.
+    The line is the archive's, as our rules report a match in its own bytes (:meth:`_PathScan._raw`); of
+    a tar, the line of the tar itself (decompressed). The catalogue's findings arrive when a batch is
+    scanned, after the archive is closed: so repeats are judged over the whole scan's findings, as
+    ``_raw`` judges our rules' at once.
     """
     if not outside:
         return found

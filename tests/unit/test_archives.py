@@ -769,3 +769,213 @@ def test_a_deb_with_two_members_of_one_name_is_refused(tmp_path: Path) -> None:
 
 
 _AR_HEADER_BYTES = 60
+
+
+# A tar's bytes that are no member's data: headers, extension headers, padding.
+
+
+def _headers_tar(form: int = tarfile.PAX_FORMAT) -> bytes:
+    """A tar whose metadata holds text, each member's data a run of its own letter (none in the headers).
+
+    A pax ``comment`` record and a vendor key, a ustar uname, gname and link name, a GNU long name (in
+    GNU form), a directory, and an entry of a type no reader knows, whose data the reader skips.
+    """
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=form) as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size, info.uname, info.gname = 700, "<uname>", "<gname>"
+        if form == tarfile.PAX_FORMAT:
+            info.pax_headers = {"comment": "<comment>", "VENDOR.key": "<vendor>"}
+        tar.addfile(info, io.BytesIO(b"A" * 700))
+        info = tarfile.TarInfo("d")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        info = tarfile.TarInfo("link")
+        info.type, info.linkname = tarfile.SYMTYPE, "<linkname>"
+        tar.addfile(info)
+        info = tarfile.TarInfo("unknown")
+        info.type, info.size = b"Z", 5  # GNU tar extracts it as a regular file; Python's reader skips it
+        tar.addfile(info, io.BytesIO(b"<zzz>"))
+        info = tarfile.TarInfo("long/" * 30 + "b.txt")  # 155 bytes: a GNU long name, or a pax path
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"B\nB"))
+    return raw.getvalue()
+
+
+def _skipped(path: Path) -> tuple[bytes, archives.Skipped, list[tuple[str, bytes]]]:
+    out = io.BytesIO()
+    skipped = archives.Skipped(out)
+    kind = archives.archive_kind(path.name)
+    assert kind is not None
+    read = [
+        (m.name, m.stream.read()) for m in archives.members(path, path.name, kind, archives.Budget(), skipped)
+    ]
+    return out.getvalue(), skipped, read
+
+
+def test_a_tars_bytes_that_are_no_members_data_are_collected(tmp_path: Path) -> None:
+    """Everything up to the reader's end but the regular members' data, each run after a newline of its own;
+    the end blocks are not collected, nor is anything of a zip."""
+    for form in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        data = _headers_tar(form)
+        a_data = data.index(b"A" * 700)
+        b_data = data.index(b"B\nB")
+        end = len(data.rstrip(b"\0"))  # past b.txt's data the rest is padding and end blocks: zeros
+        end += -end % 512  # b.txt's padding is collected, the end blocks are not
+        expected = (
+            b"\n" + data[:a_data] + b"\n" + data[a_data + 700 : b_data] + b"\n" + data[b_data + 3 : end]
+        )
+        for name, packed in (
+            ("h.tar", data),
+            ("h.tar.gz", gzip.compress(data)),
+            ("h.tar.xz", lzma.compress(data)),
+        ):
+            path = tmp_path / name
+            path.write_bytes(packed)
+            collected, skipped, read = _skipped(path)
+            assert read == [("a.txt", b"A" * 700), ("long/" * 30 + "b.txt", b"B\nB")], (form, name)
+            assert collected == expected, (form, name)
+            assert skipped.size == len(expected)
+            # each run: its line in the copy, its line in the tar (b.txt's data holds the tar's one newline
+            # outside its headers: pax records end in newlines, so they are counted up to there)
+            before_b = data[:b_data].count(b"\n")
+            assert skipped.lines == [
+                (2, 1),
+                (3 + data[:a_data].count(b"\n"), 1 + data[: a_data + 700].count(b"\n")),
+                (4 + before_b, 1 + before_b + 1),
+            ], (form, name)
+        for text in (b"<uname>", b"<gname>", b"<linkname>", b"<zzz>", b"long/long/"):
+            assert text in expected, (form, text)
+        assert (b"<comment>" in expected) == (b"<vendor>" in expected) == (form == tarfile.PAX_FORMAT)
+    deb = tmp_path / "tool_1.0_arm64.deb"
+    deb.write_bytes(_deb({"./a.txt": b"a\n"}))
+    collected, _, _ = _skipped(deb)
+    assert b"./a.txt" in collected and b"Package:" not in collected  # the data.tar's; control is a member
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(_zip({"a.txt": b"a\n"}))
+    assert _skipped(wheel)[0] == b""  # a zip's bytes outside its members: outside_members
+
+
+def test_a_tars_member_data_is_never_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bytes are classified as the reader reaches them: what is held is the read-ahead, never a member."""
+    path = tmp_path / "big.tar.gz"
+    path.write_bytes(gzip.compress(_tar({"a.bin": bytes(range(256)) * 16384, "b.txt": b"b\n"})))  # 4 MiB
+    held: list[int] = []
+    feed = archives.Skipped.feed
+
+    def spy(self: archives.Skipped, data: bytes) -> None:
+        feed(self, data)
+        held.append(len(self._held))
+
+    monkeypatch.setattr(archives.Skipped, "feed", spy)
+    collected, _, _ = _skipped(path)
+    assert len(held) > 400 and max(held) <= 10240  # tarfile's stream reads 10240 bytes at a time
+    # three runs, each after its newline: a.bin's header, b.txt's header, b.txt's padding (a.bin needs none)
+    assert len(collected) == 3 + 2 * 512 + 510
+
+
+def test_a_tars_headers_are_judged_against_the_bomb_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They are written to scratch space: their total is judged before the next member is read."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("a.txt", "b.txt"):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = 2, {"comment": "c" * 3000}
+            tar.addfile(info, io.BytesIO(b"a\n"))
+    data = raw.getvalue()
+    second = data.index(b"a\n", data.index(b"a\n") + 2)
+    limit = second - 100  # a.txt's headers fit, b.txt's do not
+    monkeypatch.setattr(archives, "MAX_UNPACKED_BYTES", limit)
+    path = tmp_path / "commented.tar.gz"
+    path.write_bytes(gzip.compress(data))
+    copied = _copied(monkeypatch)
+    # a.txt's 2 bytes, and all the rest up to the end of b.txt's block but b.txt's 2 bytes (its padding is
+    # known with its header)
+    total = 2 + second + 512 - 4
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(path)
+    assert str(caught.value) == (
+        f"{path}: refused as an archive bomb, not unpacked: its tar headers and padding up to b.txt would "
+        f"bring what it unpacks to {total} bytes, over the limit of {limit} bytes (MAX_UNPACKED_BYTES)"
+    )
+    assert copied == [f"{path}!a.txt"]
+
+
+def _pax_comment_tar(comment: str) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("pkg-1.0/README")
+        info.size, info.pax_headers = 6, {"comment": comment}
+        tar.addfile(info, io.BytesIO(b"hello\n"))
+    return raw.getvalue()
+
+
+def _uname_tar(uname: str) -> bytes:
+    """A ustar tar whose one member's owner is ``uname`` (at most 32 bytes: the field's width)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("pkg-1.0/README")
+        info.size, info.uname = 6, uname
+        tar.addfile(info, io.BytesIO(b"one\ntwo\n"[:6]))
+    return raw.getvalue()
+
+
+def test_a_token_in_a_tars_headers_is_found_by_both_rule_sets(tmp_path: Path) -> None:
+    """In a pax comment record of a .tar.gz (an sdist), in a ustar uname of a .tar.xz, of a plain .tar and of
+    a .deb's data.tar: the catalogue reads the headers as ARCHIVE!(tar headers and padding), a finding at
+    the line of the tar (uncompressed) where it lies. It never read a tar's own bytes: it skips a .tar by
+    its name, and is never shown one."""
+    owner = TOKEN[:32]
+    assert len(owner.encode()) == 32
+    comment = f"token {TOKEN}"
+    for text in (comment, owner):
+        assert scan.scan_stream("notes.txt", io.BytesIO(text.encode())) == []  # our rules alone miss both
+    tars = {
+        "pkg-1.0.tar.gz": (_pax_comment_tar(comment), gzip.compress),
+        "rootfs.tar.xz": (_uname_tar(owner), lzma.compress),
+        "plain.tar": (_pax_comment_tar(comment), bytes),
+        "tool_1.0_arm64.deb": (
+            _pax_comment_tar(comment),
+            lambda tar: _ar([("debian-binary", b"2.0\n"), ("data.tar.xz", lzma.compress(tar))]),
+        ),
+    }
+    expected, paths = [], []
+    for name, (tar, pack) in tars.items():
+        paths.append(tmp_path / name)
+        paths[-1].write_bytes(pack(tar))
+        line = tar[: tar.index(owner.encode())].count(b"\n") + 1
+        expected.append(f"{paths[-1]}!(tar headers and padding):{line}:{RULE}")
+    assert [location.split(":")[1] for location in expected] == ["1", "1", "1", "1"]
+    report = _scan(*paths)
+    assert sorted(_locations(report)) == sorted(expected)
+    assert report.files == 5  # the members (and the .deb's debian-binary); the headers are no file
+    done = _cli(str(paths[0]))
+    assert done.stdout.splitlines()[0] == f"{expected[0]}: xoxb***({len(TOKEN)} chars)"
+    assert TOKEN not in done.stdout + done.stderr
+
+
+def test_a_match_in_a_tars_headers_is_given_the_tars_line(tmp_path: Path) -> None:
+    """Our rules read the headers too (a compressed tar's own bytes hide them): at the tar's line, once."""
+    data = b"".join(f"{n}\n".encode() for n in range(5))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("b.txt")
+        info.size, info.pax_headers = 2, {"comment": f"built in {HOME}/src"}
+        tar.addfile(info, io.BytesIO(b"b\n"))
+        info = tarfile.TarInfo("c.txt")  # the same match in a member and in its headers: reported once
+        info.size, info.pax_headers = len(SLACK), {"comment": SLACK.decode()}
+        tar.addfile(info, io.BytesIO(SLACK))
+    tar_bytes = raw.getvalue()
+    path = tmp_path / "src.tar.gz"
+    path.write_bytes(gzip.compress(tar_bytes))
+    line = tar_bytes[: tar_bytes.index(HOME.encode())].count(b"\n") + 1
+    assert line == 6  # after a.txt's five lines
+    assert [(f.location(), f.match) for f in _scan(path).findings] == [
+        (f"{path}!(tar headers and padding):{line}:home-path", "/home/a***"),
+        (f"{path}!c.txt:1:{RULE}", f"xoxb***({len(TOKEN)} chars)"),
+    ]
