@@ -14,7 +14,8 @@ directories and devices are skipped, never followed; a zip member flagged as a l
 other, since its bytes are data to an unzip that ignores the flag; a .deb's members besides its data.tar
 (the control tar of its maintainer scripts) are handed out whole. A tar is read whole (what follows its
 reader's end must be zeros), its headers judged before they are read (:data:`MAX_HEADER_BYTES`), and
-entries are counted per archive and per scan (:data:`MAX_MEMBERS`, :data:`MAX_SCAN_MEMBERS`).
+entries are counted per archive and per scan (:data:`MAX_MEMBERS`, :data:`MAX_SCAN_MEMBERS`); its bytes
+that are no member's data (headers, padding) are handed to the caller's :class:`Skipped` as they are read.
 An archive that would unpack to more than :data:`MAX_UNPACKED_BYTES`, or (past :data:`RATIO_FROM_BYTES`)
 to more than :data:`MAX_COMPRESSION_RATIO`
 times its own size, is refused before the member that crosses the limit is read: a zip as a whole from
@@ -309,10 +310,10 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
     that a record does not state.
 
     A tar has none: it is read whole, and bytes past where its reader stops that are not zeros are
-    refused (:func:`_tar_members`). An ar archive (a .deb) has none either: its members are read header
-    after header from its magic to its last byte, each member's data following its header (an odd one
-    padded with one byte), and a truncated or corrupt header, or a second member of one name, is
-    refused (:func:`_ar_members`).
+    refused (:func:`_tar_members`); its bytes that are no member's data are :class:`Skipped`. An ar
+    archive (a .deb) has none either: its members are read header after header from its magic to its
+    last byte, each member's data following its header (an odd one padded with one byte), and a
+    truncated or corrupt header, or a second member of one name, is refused (:func:`_ar_members`).
     """
     if kind.container != "zip":
         return []

@@ -24,6 +24,7 @@ def _scan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """The ``scan`` command: its help states the archive limits from the module that enforces them."""
     from sparkseal.core.archives import (
+        HEADERS,
         KINDS,
         MAX_ARCHIVE_DEPTH,
         MAX_HEADER_BYTES,
@@ -47,7 +48,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "corrupt archive or a bomb is an error (exit 2). Every member's bytes are scanned, a zip's "
         "'symbolic links' too, and each archive's own bytes as well: the bytes of a zip outside its members "
         f"(its comment, data prepended, appended or between members) by both rule sets, as ARCHIVE!{OUTSIDE} "
-        "for the catalogue, the whole archive by our rules; a "
+        "for the catalogue, the whole archive by our rules; the bytes of a tar (a .deb's data.tar too) that "
+        "are no member's data (its headers: every pax record, GNU long names, owner, group and link fields; "
+        "the padding after each member; entries of a type no reader knows) by both rule sets, as "
+        f"ARCHIVE!{HEADERS}, a finding at the line of the tar decompressed (not in --image layers); a "
         "tar must be read whole: data past its end (after its end blocks or a zero block, in a second gzip "
         f"member) is refused, as is a tar header over {MAX_HEADER_BYTES} bytes, an archive of more than "
         f"{MAX_MEMBERS} entries or a scan of more than {MAX_SCAN_MEMBERS} archive entries (exit 2). "

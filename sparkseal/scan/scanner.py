@@ -28,7 +28,12 @@ bytes prepended, appended or between its records: ``sparkseal.core.archives.outs
 both rule sets: the catalogue reads those bytes alone, as the pseudo-member ``ARCHIVE!(bytes outside the
 members)``, a finding there at the archive's own line (never the whole compressed archive, which it would
 skip as an archive and which is slow to read for a large wheel); our rules read each archive's own bytes
-whole, reporting a match as the archive's. A match a member already gave is not reported again.
+whole, reporting a match as the archive's. A tar's bytes that are no member's data (headers, every pax
+record, GNU long names, padding: ``sparkseal.core.archives.Skipped``), which a compressed tar's own bytes
+hide from that pass and which the catalogue never sees (it is never shown a tar, and skips a ``.tar`` by its
+name), are read by both rule sets as the pseudo-member ``ARCHIVE!(tar headers and padding)``, written to
+scratch space as the tar is read, a finding there at the line of the tar (decompressed). A match a member
+already gave is not reported again.
 A tar is read whole: one holding bytes past where the reader stops (after its end blocks or a zero block,
 in a second gzip member) is refused, as are headers and member counts over the limits of
 ``sparkseal.core.archives``. A finding inside one is named ``ARCHIVE!member`` (nested:
@@ -36,7 +41,8 @@ in a second gzip member) is refused, as are headers and member counts over the l
 refused as a bomb, fails the scan (:class:`ScanInputError`, exit 2), as an unreadable image does: it is
 no finding, since the scan cannot say what the archive holds, and an allow-list entry must not be able to
 wave it through. The image scan opens no archive inside a layer: it reads what the image holds, at the
-speed the image build needs.
+speed the image build needs; nor does it read a layer's headers apart, since its findings are those of the
+layer action's scan of the files it writes (:func:`scan_files`), which has none.
 """
 
 from __future__ import annotations
