@@ -540,9 +540,14 @@ class Skipped:
 
     def feed(self, data: bytes) -> None:
         """The next bytes of the tar, as the reader's stream reads them."""
-        if not self._done:
+        if self._done:
+            return
+        if self._held:
             self._held += data
-            self._settle()
+            self._release()
+        else:  # a member's data passes here, counted and never copied
+            taken = self._classify(data)
+            self._held += data[taken:]
 
     def advance(self, known: int, data: tuple[int, int] | None) -> None:
         """Bytes up to ``known`` are classified: ``data`` (a member's, within them) and the rest."""
@@ -550,7 +555,7 @@ class Skipped:
             self._data.append(data)
             self._data_bytes += data[1] - data[0]
         self._known = max(self._known, known)
-        self._settle()
+        self._release()
 
     def finish(self, end: int) -> None:
         """The reader stopped at ``end``: bytes before it are classified, what follows is not the tar's."""
@@ -558,30 +563,36 @@ class Skipped:
         self._held.clear()
         self._done = True
 
-    def _settle(self) -> None:
-        upto = min(self._known, self._at + len(self._held))
+    def _release(self) -> None:
+        del self._held[: self._classify(self._held)]
+
+    def _classify(self, buffer: bytes | bytearray) -> int:
+        """Write the bytes of ``buffer`` (the tar's from ``_at`` on) known to be no member's data, up to
+        what is known; return how many of its bytes are classified."""
+        base = self._at
+        upto = min(self._known, base + len(buffer))
         while self._at < upto:
             inside = bool(self._data) and self._data[0][0] <= self._at
             if inside:
                 cut = min(self._data[0][1], upto)
             else:
                 cut = min(self._data[0][0], upto) if self._data else upto
-            part = bytes(self._held[: cut - self._at])
-            del self._held[: cut - self._at]
+            newlines = buffer.count(b"\n", self._at - base, cut - base)
             if not inside:
                 if self._written != self._at:  # a new run
                     self.out.write(b"\n")
                     self._copied += 1
                     self.size += 1
                     self.lines.append((self._copied, self._line))
-                self.out.write(part)
-                self.size += len(part)
-                self._copied += part.count(b"\n")
+                self.out.write(buffer[self._at - base : cut - base])
+                self.size += cut - self._at
+                self._copied += newlines
                 self._written = cut
-            self._line += part.count(b"\n")
+            self._line += newlines
             self._at = cut
             if self._data and self._at >= self._data[0][1]:
                 self._data.pop(0)
+        return upto - base
 
 
 class _Counted(io.RawIOBase):
