@@ -952,6 +952,12 @@ def test_a_token_in_a_tars_headers_is_found_by_both_rule_sets(tmp_path: Path) ->
         line = tar[: tar.index(owner.encode())].count(b"\n") + 1
         expected.append(f"{paths[-1]}!(tar headers and padding):{line}:{RULE}")
     assert [location.split(":")[1] for location in expected] == ["1", "1", "1", "1"]
+    # Shown the plain tar itself, the catalogue skips it by its name (the same bytes under another are read)
+    plain, renamed = paths[2], tmp_path / "plain.bin"
+    renamed.write_bytes(plain.read_bytes())
+    names = {str(plain.resolve()): "plain.tar", str(renamed.resolve()): "plain.bin"}
+    assert [f.path for f in CATALOGUE.scan([plain, renamed], names)] == ["plain.bin"]
+    renamed.unlink()
     report = _scan(*paths)
     assert sorted(_locations(report)) == sorted(expected)
     assert report.files == 5  # the members (and the .deb's debian-binary); the headers are no file
