@@ -74,7 +74,9 @@ def run_in_sid(
     for name in env:
         if not name or "=" in name:
             raise ValueError(f"environment variable name {name!r}: expected a name without '='")
-    variables = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", **env}
+    # HOME is the host's: the checkout's .bazelrc names ~/.cache/sparkseal/repository, which must be the
+    # bound cache in the root too (binds keep their host paths), whoever runs the tests.
+    variables = {"PATH": PATH, "HOME": str(Path.home()), "LANG": "C.UTF-8", **env}
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="sid-tmp-", dir=CACHE))
     tmp.chmod(0o1777)
