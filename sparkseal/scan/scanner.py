@@ -615,8 +615,7 @@ class _PathScan:
         outside its members apart, see :meth:`_archive`). A match that one of the archive's members
         already gave (a stored member's bytes lie in the archive as they are) is not reported twice.
         """
-        inside = f"{shown}!"
-        seen = {(f.rule, f.match) for f in self.findings if f.path.startswith(inside)}
+        seen = _given(self.findings, shown)
         with open(source, "rb") as own:
             self.findings.extend(f for f in scan_stream(shown, own) if (f.rule, f.match) not in seen)
 
@@ -632,10 +631,11 @@ class _PathScan:
             os.unlink(part)
 
 
-def _given(found: list[Finding], pseudo: str) -> set[tuple[str, str]]:
-    """The matches the members of the archive whose pseudo-member is ``pseudo`` gave (``ARCHIVE!...``)."""
-    inside = pseudo[: pseudo.rindex("!") + 1]  # "ARCHIVE!": neither pseudo-member's name holds a "!"
-    return {(f.rule, f.match) for f in found if f.path.startswith(inside) and f.path != pseudo}
+def _given(found: list[Finding], archive: str, but: str | None = None) -> set[tuple[str, str]]:
+    """The (rule, match) pairs the findings inside ``archive`` gave (``ARCHIVE!...``), but those of
+    the member ``but``: what a pass over the archive's other bytes must not report again."""
+    inside = f"{archive}!"
+    return {(f.rule, f.match) for f in found if f.path.startswith(inside) and f.path != but}
 
 
 def _outside_placed(found: list[Finding], outside: dict[str, _Lines]) -> list[Finding]:
@@ -649,7 +649,8 @@ def _outside_placed(found: list[Finding], outside: dict[str, _Lines]) -> list[Fi
     """
     if not outside:
         return found
-    given = {path: _given(found, path) for path in outside}
+    # "ARCHIVE!(...)": neither pseudo-member's name holds a "!", so the archive is what precedes the last
+    given = {path: _given(found, path[: path.rindex("!")], but=path) for path in outside}
     placed = []
     for finding in found:
         lines = outside.get(finding.path)
