@@ -148,12 +148,9 @@ class Bzl:
                 self.defs[node.name] = node
 
     def _load(self, call: ast.Call) -> None:
-        label = _literal(call.args[0], self.path)
-        if label.startswith("@"):
+        path = bzl_path(_literal(call.args[0], self.path), Path(self.path).parent.as_posix())
+        if path is None:
             return  # another repository's file: nothing this reference documents
-        package, _, name = label.lstrip("/").partition(":")
-        here = Path(self.path).parent.as_posix()
-        path = f"{here}/{name}" if label.startswith(":") else f"{package}/{name}"
         for arg in call.args[1:]:
             self.loads[_literal(arg, self.path)] = (path, _literal(arg, self.path))
         for keyword in call.keywords:
@@ -167,6 +164,18 @@ class Bzl:
             lines.insert(0, self.lines[number].lstrip("#").strip())
             number -= 1
         return " ".join(lines)
+
+
+def bzl_path(label: str, here: str) -> str | None:
+    """The repository path of the .bzl file a ``load`` label names from a file in the folder ``here``
+    (``//pkg:f.bzl``, ``@//pkg:f.bzl``, ``:f.bzl``); None for another repository's file."""
+    label = label.removeprefix("@")
+    if label.startswith("//"):
+        package, _, name = label[2:].partition(":")
+        return f"{package}/{name}"
+    if label.startswith(":"):
+        return f"{here}/{label[1:]}"
+    return None
 
 
 def _called(call: ast.Call) -> str:

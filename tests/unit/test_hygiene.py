@@ -15,6 +15,7 @@ import pytest
 
 from sparkseal.devtools import deps
 from sparkseal.devtools.deps import our_imports
+from sparkseal.devtools.rules_doc import bzl_path
 from tests.bazel_util import BAZEL, REPO, Workspace, base_env
 
 RUFF = Path(sys.executable).parent / "ruff"
@@ -105,15 +106,8 @@ _LOAD = re.compile(r'^load\(\s*"([^"]+)"', re.MULTILINE)
 
 def _bzl_loads(path: str, text: str) -> list[str]:
     """The repository paths of the .bzl files of this repository that ``text`` loads (load statements)."""
-    found = []
-    for label in _LOAD.findall(text):
-        label = label.removeprefix("@")
-        if label.startswith("//"):
-            package, _, name = label[2:].partition(":")
-            found.append(f"{package}/{name}")
-        elif label.startswith(":"):
-            found.append(f"{path.rpartition('/')[0]}/{label[1:]}")
-    return found
+    here = path.rpartition("/")[0]
+    return [found for label in _LOAD.findall(text) if (found := bzl_path(label, here)) is not None]
 
 
 def backwards_loads(files: dict[str, str], image: str = "rules/private/image.bzl") -> list[str]:
