@@ -35,23 +35,32 @@ install)
         if [ -f "$root/$name/manifest.json" ]; then stage unpack "$name" --dest "$root/in"; fi
     done
     mkdir -p "$root/wheels" "$root/vllm-wheels"
-    mv "$root"/in/vllm-*.whl "$root"/in/sparkseal-*.whl "$root"/in/*.delta "$root/vllm-wheels/"
+    mv "$root"/in/vllm-*.whl "$root"/in/sparkseal-*.whl "$root/vllm-wheels/"
+    # The upstream delta travels only for the runs that compare with the unpatched wheel.
+    upstream=
+    deltas=("$root"/in/*.delta)
+    if [ -e "${deltas[0]}" ]; then
+        upstream=" and upstream"
+        mv "${deltas[@]}" "$root/vllm-wheels/"
+    fi
     mv "$root"/in/*.whl "$root/wheels/"
     ours=$(ls "$root"/vllm-wheels/vllm-*.whl)
-    mkdir -p "$root/upstream"
-    stage delta apply --base "$ours" --delta "$root"/vllm-wheels/vllm-*-upstream.delta \
-        --out "$root/upstream/$(basename "$ours")"
     pip=("$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check)
     rm -rf "$root/deps" "$root/ours" "$root/upstream-site"
     "${pip[@]}" --target "$root/deps" "$root"/wheels/*.whl
     "${pip[@]}" --target "$root/ours" "$ours" "$root"/vllm-wheels/sparkseal-*.whl
-    "${pip[@]}" --target "$root/upstream-site" "$root"/upstream/vllm-*.whl "$root"/vllm-wheels/sparkseal-*.whl
     grep -c "sample_idx_mapping = torch.full" "$root/ours/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
-    if grep -q "sample_idx_mapping = torch.full" "$root/upstream-site/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"; then
-        echo "install: the upstream tree carries the fix: wrong wheel" >&2
-        exit 1
+    if [ -n "$upstream" ]; then
+        mkdir -p "$root/upstream"
+        stage delta apply --base "$ours" --delta "$root"/vllm-wheels/vllm-*-upstream.delta \
+            --out "$root/upstream/$(basename "$ours")"
+        "${pip[@]}" --target "$root/upstream-site" "$root"/upstream/vllm-*.whl "$root"/vllm-wheels/sparkseal-*.whl
+        if grep -q "sample_idx_mapping = torch.full" "$root/upstream-site/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"; then
+            echo "install: the upstream tree carries the fix: wrong wheel" >&2
+            exit 1
+        fi
     fi
-    echo "install: deps $(find "$root/wheels" -name "*.whl" | wc -l) wheels; ours and upstream vLLM installed"
+    echo "install: deps $(find "$root/wheels" -name "*.whl" | wc -l) wheels; ours$upstream vLLM installed"
     ;;
 train)
     "$python" bench/live/train_dspark.py --out "${2:-/tmp/sparkseal-dspark}"

@@ -163,8 +163,9 @@ serve-dsv4)
 nan-dsv4-dspark)
     # Where a NaN starts (bench/results/vllm_backend.md 5): target and draft through BACKEND (default CUSTOM),
     # eager (the checks synchronise), CONCURRENCY clients (default 1), SOAK requests (default 120); our V4
-    # class's debug switch (sparkseal/vllm_integration/vllm_dsv4_debug.py) and the sampler's NaN count
-    # (bench/vllm_backend/hooks) on; SEED > 0 seeds the weights (hooks), 0 keeps vLLM's dummy weights.
+    # class's debug switch (sparkseal/vllm_integration/vllm_dsv4_debug.py), the sampler's NaN count and the
+    # DSpark context-record probe (bench/vllm_backend/hooks) on; SEED > 0 seeds the weights (hooks), 0 keeps
+    # vLLM's dummy weights.
     conc=${3:-1}
     backend=${4:-CUSTOM}
     seed=${5:-0}
@@ -172,7 +173,7 @@ nan-dsv4-dspark)
     dsv4_setup
     sites=(--site "$repo/bench/vllm_backend/hooks" "${sites[@]}")
     name=nan-dsv4-dspark-$backend-c$conc-seed$seed
-    env=(--env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 --env SPARKSEAL_SAMPLER_NAN=1
+    env=(--env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 --env SPARKSEAL_SAMPLER_NAN=1 --env SPARKSEAL_DSPARK_PROBE=1
         --env "SPARKSEAL_SPARSE_MLA_V4_DEBUG=$v4_out/$name-dumps")
     [ "$seed" = 0 ] || env+=(--env "SPARKSEAL_SEEDED_WEIGHTS=$seed")
     serve_v4 --name "$name" --dspark --draft-attention-backend "$backend" --vllm-arg=--attention-backend \

@@ -14,6 +14,10 @@ and two runs hold the same model. Integer tensors, V4's hyper-connection mixers 
 compressors' position embeddings (``ape``) keep vLLM's values. vLLM's DSpark draft is loaded by the same
 loader and is seeded the same way.
 
+``SPARKSEAL_DSPARK_PROBE=1``: the DSpark context-record probe of ``dspark_probe.py`` (beside this file): the
+draft's KV-cache groups and block sizes, each context record's slot as written and as read, its bytes before
+and after the insert and the draft step, and the call that changes a watched record afterwards.
+
 ``SPARKSEAL_SAMPLER_NAN=1``: count the target-logit rows holding NaN or inf that enter the speculative
 rejection sampler, and the sampled ids at or past the vocabulary size that leave it; lines tagged
 ``[sampler-nan]`` on stderr (the server log), with the positions and input ids of each NaN row.
@@ -31,6 +35,7 @@ from typing import Any
 
 SEED_ENV = "SPARKSEAL_SEEDED_WEIGHTS"
 NAN_ENV = "SPARKSEAL_SAMPLER_NAN"
+PROBE_ENV = "SPARKSEAL_DSPARK_PROBE"
 LOADER_MODULE = "vllm.model_executor.model_loader.dummy_loader"
 SAMPLER_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 # Output head: logits with a standard deviation of about HEAD_SPREAD nats over a unit-RMS hidden state.
@@ -168,3 +173,8 @@ if os.environ.get(SEED_ENV, "").strip():
     sys.meta_path.insert(0, _AfterImport(LOADER_MODULE, _patch_loader))
 if os.environ.get(NAN_ENV) == "1":
     sys.meta_path.insert(0, _AfterImport(SAMPLER_MODULE, _patch_sampler))
+if os.environ.get(PROBE_ENV) == "1":
+    import dspark_probe
+
+    for _module, _patch in dspark_probe.PATCHES.items():
+        sys.meta_path.insert(0, _AfterImport(_module, _patch))

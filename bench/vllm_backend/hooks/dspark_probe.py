@@ -1,0 +1,485 @@
+"""Where does a DeepSeek V4 DSpark draft's context record go wrong? (bench only; ``SPARKSEAL_DSPARK_PROBE=1``)
+
+vLLM 0.25.1's DSpark speculator (``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``, which DSpark's
+inherits) writes the draft's context K/V for every accepted target position
+(``precompute_and_store_context_kv``) and then runs the draft's query block, whose sliding-window rows read
+those records back through the draft's attention metadata. An H200 run found the record of a prompt's last
+position holding NoPE 00, scale 00 and RoPE ``FF 7F`` in every draft layer (bench/results/vllm_backend.md
+section 5). This probe records, in the server log as ``[dspark-probe] {json}`` lines:
+
+- ``groups``: per KV-cache group its block size, kernel block size and layers; the draft's groups, which
+  group each draft layer's cache is in, and each draft cache tensor's shape and strides;
+- ``context``: per request of the first real draft steps, the context rows' positions, the slot the
+  context insert wrote (``slot``), the slot the same block table gives in kernel-block units
+  (``kernel_slot``), the slot the draft decode's index row reads for that position (``read``), and the
+  584 bytes (as a summary, and in hex for the last position) before the insert, after it and after the
+  draft step;
+- ``changed``: a watched record (the last context positions of each request, in every draft layer) whose
+  bytes changed after its insert, with the call that changed it (a V4 layer's K insert, its decode, the
+  whole layer, the draft step), so an overwrite is pinned to one call;
+- ``hidden``: rows of the target's hidden states (after DSpark's ``combine_hidden_states``) that hold NaN;
+- ``sampler``: NaN rows of the logits entering vLLM's plain sampler (a prefill's logits never reach the
+  rejection sampler that ``SPARKSEAL_SAMPLER_NAN`` watches).
+
+``SPARKSEAL_DSPARK_KERNEL_BLOCKS=1`` (an experiment, with the probe): the speculator's input preparation is
+given each draft group's kernel block size instead of its KV-manager block size, the units its block table
+is in (upstream's later code passes the kernel block size).
+
+Every check synchronises, so serve with ``--enforce-eager``; nothing is checked while a CUDA graph is being
+captured, and a failure of the probe is logged, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+PROBE_ENV = "SPARKSEAL_DSPARK_PROBE"
+KERNEL_BLOCKS_ENV = "SPARKSEAL_DSPARK_KERNEL_BLOCKS"
+SPECULATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
+ATTENTION_MODULE = "vllm.models.deepseek_v4.attention"
+FLASHMLA_MODULE = "vllm.models.deepseek_v4.nvidia.flashmla"
+SAMPLER_MODULE = "vllm.v1.worker.gpu.sample.sampler"
+OURS_MODULE = "sparkseal.vllm_integration.vllm_dsv4"
+
+# How many real draft steps are described, how many context positions per request (the last ones), how
+# many records are watched at most, and how many ``changed`` lines are written.
+STEPS = int(os.environ.get("SPARKSEAL_DSPARK_PROBE_STEPS", "4"))
+LAST = 6
+MAX_WATCHED = 96
+MAX_CHANGES = 40
+NOPE, ROPE_BYTES, DATA, SCALES = 448, 128, 576, 8
+
+_state: dict[str, Any] = {"steps": 0, "proposes": 0, "changes": 0, "checks": 0, "watch": [], "sampler": 0}
+
+
+def emit(kind: str, **fields: Any) -> None:
+    print(f"[dspark-probe] {json.dumps({'kind': kind, **fields}, default=str)}", file=sys.stderr, flush=True)
+
+
+def capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def summary(record: Any) -> dict[str, Any]:
+    """A 584-byte V4 record (576 data bytes then 8 scale bytes) in a few numbers."""
+    import torch
+
+    nope, rope, scale = record[:NOPE], record[NOPE:DATA], record[DATA:]
+    rope16 = rope.view(torch.int16).to(torch.int32) & 0xFFFF
+    rope_nan = ((rope16 & 0x7F80) == 0x7F80) & ((rope16 & 0x7F) != 0)
+    return {
+        "nope_zero": int((nope == 0).sum()),
+        "nope_fe": int(((nope == 0xFE) | (nope == 0x7E)).sum()),
+        "nope_nan": int(((nope & 0x7F) == 0x7F).sum()),
+        "scale": scale.tolist(),
+        "rope_nan": int(rope_nan.sum()),
+        "rope_head": [f"{int(v):04x}" for v in rope16[:4]],
+    }
+
+
+def records(cache: Any, slots: Any) -> Any:
+    """Each slot's 584-byte record, ``[R, 584]``, from a V4 fp8_ds_mla page cache ``[pages, block, 584]``."""
+    import torch
+
+    block = cache.shape[1]
+    flat = cache.view(cache.shape[0], -1)
+    slots = slots.to(torch.int64).to(flat.device)
+    page, off = slots // block, slots % block
+    data = off.unsqueeze(1) * DATA + torch.arange(DATA, device=flat.device)
+    scale = block * DATA + off.unsqueeze(1) * SCALES + torch.arange(SCALES, device=flat.device)
+    cols = torch.cat([data, scale], dim=1)
+    return flat[page.unsqueeze(1).expand_as(cols), cols]
+
+
+def check_watch(where: str) -> None:
+    """Compare every watched record with its snapshot; report (and re-snapshot) the ones that changed."""
+    watch = _state["watch"]
+    if not watch or capturing() or _state["changes"] >= MAX_CHANGES:
+        return
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        _state["checks"] += 1
+        for entry in watch:
+            now = records(entry["cache"], entry["slots"])
+            differs = (now != entry["bytes"]).any(dim=1)
+            if not bool(differs.any()):
+                continue
+            for row in differs.nonzero().flatten().tolist():
+                _state["changes"] += 1
+                emit(
+                    "changed",
+                    where=where,
+                    check=_state["checks"],
+                    step=_state["steps"],
+                    layer=entry["layer"],
+                    position=entry["positions"][row],
+                    slot=int(entry["slots"][row]),
+                    before=summary(entry["bytes"][row].cpu()),
+                    after=summary(now[row].cpu()),
+                    after_hex=bytes(now[row].cpu().tolist()).hex(),
+                )
+            entry["bytes"] = now
+    except Exception as error:  # the probe must not change what the server does
+        emit("error", where=f"check {where}", error=repr(error))
+
+
+def wrap_method(cls: Any, name: str, label: Any) -> None:
+    """Check the watched records after every call of ``cls.name`` (``label(self)`` names the call)."""
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, "_dspark_probe", False):
+        return
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if _state["watch"]:
+            check_watch(label(self))
+        return out
+
+    wrapped._dspark_probe = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapped)
+
+
+def _prefix(self: Any) -> str:
+    return str(getattr(self, "prefix", type(self).__name__))
+
+
+# ------------------------------------------------------------------ the speculator
+
+
+def _groups(spec: Any, kv_cache_config: Any, block_tables: Any) -> None:
+    groups = []
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        names = list(group.layer_names)
+        groups.append(
+            {
+                "gid": gid,
+                "spec": type(group.kv_cache_spec).__name__,
+                "block_size": block_tables.block_sizes[gid],
+                "kernel_block_size": block_tables.kernel_block_sizes[gid],
+                "layers": len(names),
+                "first_layers": names[:4],
+                "draft_layers": [n for n in names if n in set(spec.model.get_draft_kv_cache_layer_names())]
+                if hasattr(spec.model, "get_draft_kv_cache_layer_names")
+                else [],
+            }
+        )
+    caches = []
+    for layer in _draft_layers(spec):
+        cache = layer.attn.swa_cache_layer.kv_cache
+        caches.append(
+            {
+                "layer": layer.attn.swa_cache_layer.prefix,
+                "block_size": layer.attn.swa_cache_layer.block_size,
+                "shape": list(cache.shape),
+                "stride": list(cache.stride()),
+                "dtype": str(cache.dtype),
+            }
+        )
+    emit(
+        "groups",
+        groups=groups,
+        draft_group_ids=list(spec.draft_kv_cache_group_ids),
+        layer_group_idx=spec._layer_group_idx,
+        num_query_per_req=spec.num_query_per_req,
+        sample_from_anchor=spec.sample_from_anchor,
+        caches=caches,
+    )
+
+
+def _draft_layers(spec: Any) -> list[Any]:
+    inner = getattr(spec.model, "model", None)
+    layers = getattr(inner, "layers", None) or []
+    return [layer for layer in layers if hasattr(getattr(layer, "attn", None), "swa_cache_layer")]
+
+
+def _patch_speculator(module: Any) -> None:
+    import torch
+
+    cls = module.DFlashSpeculator
+    set_attn, propose, build = cls.set_attn, cls.propose, cls._build_draft_attn_metadata
+
+    def probe_set_attn(self: Any, model_state: Any, kv_cache_config: Any, block_tables: Any) -> None:
+        set_attn(self, model_state, kv_cache_config, block_tables)
+        _state["block_tables"] = block_tables
+        try:
+            _groups(self, kv_cache_config, block_tables)
+        except Exception as error:
+            emit("error", where="groups", error=repr(error))
+
+    def probe_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        metadata = build(self, *args, **kwargs)
+        self._dspark_probe_metadata = metadata
+        return metadata
+
+    def probe_propose(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        dummy = bool(kwargs.get("dummy_run", False))
+        if not dummy and not capturing():
+            _state["proposes"] += 1
+            if _state["proposes"] > STEPS + 2 and _state["watch"]:
+                # Past the first steps blocks are freed and reused: later changes are no longer news.
+                emit(
+                    "watch-end",
+                    proposes=_state["proposes"],
+                    checks=_state["checks"],
+                    changes=_state["changes"],
+                )
+                _state["watch"] = []
+        if dummy or capturing() or _state["steps"] >= STEPS:
+            return propose(self, input_batch, *args, **kwargs)
+        _state["steps"] += 1
+        step = _state["steps"]
+        model = self.model
+        precompute = model.precompute_and_store_context_kv
+        seen: dict[str, Any] = {}
+
+        def probe_precompute(states: Any, positions: Any, slots: Any = None) -> Any:
+            try:
+                seen.update(_before_insert(self, input_batch, states, positions, slots))
+            except Exception as error:
+                emit("error", where="before insert", error=repr(error))
+            out = precompute(states, positions, slots)
+            try:
+                _after_insert(self, seen, step)
+            except Exception as error:
+                emit("error", where="after insert", error=repr(error))
+            return out
+
+        model.precompute_and_store_context_kv = probe_precompute
+        try:
+            out = propose(self, input_batch, *args, **kwargs)
+        finally:
+            del model.precompute_and_store_context_kv
+        try:
+            torch.cuda.synchronize()
+            _after_draft(self, seen, step)
+            check_watch(f"draft step {step}")
+        except Exception as error:
+            emit("error", where="after draft", error=repr(error))
+        return out
+
+    cls.set_attn = probe_set_attn
+    cls.propose = probe_propose
+    cls._build_draft_attn_metadata = probe_build
+    if os.environ.get(KERNEL_BLOCKS_ENV) == "1":
+        prepare = module.prepare_dflash_inputs
+
+        def kernel_blocks(*args: Any) -> Any:
+            # Positional call of dflash's propose: the block table is argument 12, its block size 13.
+            args = list(args)
+            tables = _state.get("block_tables")
+            if tables is not None:
+                for gid, table in enumerate(tables.input_block_tables):
+                    if table is args[12] and args[13] != tables.kernel_block_sizes[gid]:
+                        if not _state.get("kernel_blocks_said"):
+                            _state["kernel_blocks_said"] = True
+                            kernel = tables.kernel_block_sizes[gid]
+                            emit("kernel-blocks", gid=gid, block_size=args[13], kernel=kernel)
+                        args[13] = tables.kernel_block_sizes[gid]
+            return prepare(*args)
+
+        module.prepare_dflash_inputs = kernel_blocks
+
+
+def _before_insert(spec: Any, input_batch: Any, states: Any, positions: Any, slots: Any) -> dict[str, Any]:
+    """Which context rows to describe (each request's last LAST valid positions) and their bytes now."""
+    import torch
+
+    num_reqs = input_batch.num_reqs
+    qsl = input_batch.query_start_loc[: num_reqs + 1].tolist()
+    nan_rows = torch.isnan(states.float()).any(dim=-1).nonzero().flatten().tolist()
+    emit(
+        "hidden",
+        step=_state["steps"],
+        rows=int(states.shape[0]),
+        nan_rows=nan_rows[:64],
+        absmax=float(states.float().abs().nan_to_num(0).max()),
+    )
+    layers = _draft_layers(spec)
+    slot_list = slots if isinstance(slots, (list, tuple)) else [slots] * len(layers)
+    rows = []
+    for req in range(num_reqs):
+        start, end = qsl[req], qsl[req + 1]
+        rows += [(req, row) for row in range(max(start, end - LAST), end)]
+    picked = torch.tensor([row for _, row in rows], dtype=torch.int64, device=positions.device)
+    return {
+        "rows": rows,
+        "picked": picked,
+        "positions": positions[picked].tolist(),
+        "target_positions": input_batch.positions[picked].tolist(),
+        "layers": layers,
+        "slots": [None if s is None else s[picked].clone() for s in slot_list],
+        "before": [
+            None if s is None else records(layer.attn.swa_cache_layer.kv_cache, s[picked].clamp(min=0))
+            for layer, s in zip(layers, slot_list, strict=True)
+        ],
+        "num_reqs": num_reqs,
+        "block_table_rows": {
+            gid: spec.block_tables.input_block_tables[gid][:num_reqs, :4].tolist()
+            for gid in spec.draft_kv_cache_group_ids
+        },
+    }
+
+
+def _after_insert(spec: Any, seen: dict[str, Any], step: int) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    seen["after"] = []
+    for layer, slots in zip(seen["layers"], seen["slots"], strict=True):
+        if slots is None:
+            seen["after"].append(None)
+            continue
+        cache = layer.attn.swa_cache_layer.kv_cache
+        now = records(cache, slots.clamp(min=0))
+        seen["after"].append(now)
+        valid = slots >= 0
+        if len(_state["watch"]) < MAX_WATCHED and bool(valid.any()):
+            keep = valid.nonzero().flatten()
+            _state["watch"].append(
+                {
+                    "layer": layer.attn.swa_cache_layer.prefix,
+                    "cache": cache,
+                    "slots": slots[keep],
+                    "positions": [seen["positions"][i] for i in keep.tolist()],
+                    "bytes": now[keep].clone(),
+                }
+            )
+
+
+def _reader_slots(spec: Any, seen: dict[str, Any]) -> dict[str, list[int | None]]:
+    """Per draft layer, the slot the draft decode's index row reads for each described position."""
+    metadata = getattr(spec, "_dspark_probe_metadata", None) or {}
+    out: dict[str, list[int | None]] = {}
+    seq_lens = spec.input_buffers.seq_lens[: seen["num_reqs"]].tolist()
+    query_len = spec.num_query_per_req
+    for layer in seen["layers"]:
+        name = layer.attn.swa_cache_layer.prefix
+        meta = metadata.get(name)
+        if meta is None or getattr(meta, "decode_swa_indices", None) is None:
+            out[name] = [None] * len(seen["rows"])
+            continue
+        indices = meta.decode_swa_indices
+        window = int(getattr(layer.attn, "window_size", 128))
+        found: list[int | None] = []
+        for (req, _row), position in zip(seen["rows"], seen["positions"], strict=True):
+            token = req * query_len
+            prefix_len = seq_lens[req] - query_len
+            column = position - max(prefix_len - window, 0)
+            if token >= indices.shape[0] or not 0 <= column < indices.shape[-1]:
+                found.append(None)
+            else:
+                found.append(int(indices[token].reshape(-1)[column]))
+        out[name] = found
+    return out
+
+
+def _after_draft(spec: Any, seen: dict[str, Any], step: int) -> None:
+    if "rows" not in seen:
+        emit("error", where=f"draft step {step}", error="the context insert was not seen")
+        return
+    readers = _reader_slots(spec, seen)
+    gidx = spec._layer_group_idx
+    for index, layer in enumerate(seen["layers"]):
+        name = layer.attn.swa_cache_layer.prefix
+        slots = seen["slots"][index]
+        gid = spec.draft_kv_cache_group_ids[gidx[index] if gidx is not None else 0]
+        kbs = spec.block_tables.kernel_block_sizes[gid]
+        bs = spec.block_tables.block_sizes[gid]
+        table = spec.block_tables.input_block_tables[gid]
+        cache = layer.attn.swa_cache_layer.kv_cache
+        now = None if slots is None else records(cache, slots.clamp(min=0))
+        rows = []
+        for i, ((req, row), position) in enumerate(zip(seen["rows"], seen["positions"], strict=True)):
+            kernel_slot = int(table[req, position // kbs]) * kbs + position % kbs
+            entry: dict[str, Any] = {
+                "req": req,
+                "row": row,
+                "position": position,
+                "target_position": seen["target_positions"][i],
+                "slot": None if slots is None else int(slots[i]),
+                "kernel_slot": kernel_slot,
+                "read": readers[name][i],
+            }
+            if slots is not None:
+                entry["before"] = summary(seen["before"][index][i].cpu())
+                entry["inserted"] = summary(seen["after"][index][i].cpu())
+                entry["after_draft"] = summary(now[i].cpu())
+            read = readers[name][i]
+            if read is not None and read >= 0 and (slots is None or read != int(slots[i])):
+                entry["read_record"] = summary(records(cache, __import__("torch").tensor([read]))[0].cpu())
+            rows.append(entry)
+        last = max(range(len(rows)), key=lambda i: rows[i]["position"]) if rows else None
+        emit(
+            "context",
+            step=step,
+            layer=name,
+            gid=gid,
+            block_size=bs,
+            kernel_block_size=kbs,
+            block_table_rows=seen["block_table_rows"].get(gid),
+            seq_lens=spec.input_buffers.seq_lens[: seen["num_reqs"]].tolist(),
+            rows=rows,
+            last_inserted_hex=None
+            if last is None or slots is None
+            else bytes(seen["after"][index][last].cpu().tolist()).hex(),
+        )
+
+
+# ------------------------------------------------------------------ the sampler
+
+
+def _patch_sampler(module: Any) -> None:
+    import torch
+
+    cls = module.Sampler
+    original = cls.__call__
+
+    def call(self: Any, logits: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if not capturing() and _state["sampler"] < 200:
+            _state["sampler"] += 1
+            try:
+                nan = torch.isnan(logits).any(dim=-1)
+                if bool(nan.any()) or _state["sampler"] <= 3:
+                    where = input_batch.logits_indices
+                    emit(
+                        "sampler",
+                        call=_state["sampler"],
+                        logits=list(logits.shape),
+                        nan_rows=nan.nonzero().flatten().tolist()[:32],
+                        positions=input_batch.positions[where].tolist()[:32],
+                    )
+            except Exception as error:
+                emit("error", where="sampler", error=repr(error))
+        return original(self, logits, input_batch, *args, **kwargs)
+
+    cls.__call__ = call
+
+
+def _patch_attention(module: Any) -> None:
+    cls = module.DeepseekV4Attention
+    wrap_method(cls, "forward", lambda self: f"layer {_prefix(self)}")
+    wrap_method(cls, "_fused_qnorm_rope_kv_insert", lambda self: f"K insert {_prefix(self)}")
+
+
+def _patch_flashmla(module: Any) -> None:
+    wrap_method(module.DeepseekV4FlashMLAAttention, "_forward_decode", lambda self: f"decode {_prefix(self)}")
+
+
+def _patch_ours(module: Any) -> None:
+    wrap_method(module.SparksealDecode, "_forward_decode", lambda self: f"decode {_prefix(self)} (ours)")
+
+
+PATCHES = {
+    SPECULATOR_MODULE: _patch_speculator,
+    SAMPLER_MODULE: _patch_sampler,
+    ATTENTION_MODULE: _patch_attention,
+    FLASHMLA_MODULE: _patch_flashmla,
+    OURS_MODULE: _patch_ours,
+}

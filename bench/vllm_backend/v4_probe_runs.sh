@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The DeepSeek V4 + DSpark probe runs of bench/results/vllm_backend.md section 6, one after the other, on a
+# GPU machine where bench/live/h200.sh install has staged the wheels. Started as a job that outlives one
+# remote command (bench/live/device.sh start v4 bench/vllm_backend/v4_probe_runs.sh RESULTS):
+#   a  target and draft on our class, vLLM's dummy weights, one client (the failing configuration)
+#   k  the same with SPARKSEAL_DSPARK_KERNEL_BLOCKS=1, only where run a's probe saw a draft KV-cache group
+#      whose block size is not its kernel block size
+#   s  run a with seeded, non-flat weights (SPARKSEAL_SEEDED_WEIGHTS=1)
+#   f  both on vLLM's FlashMLA class, dummy weights, one client (the control)
+# Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in RESULTS/NAME.log; then
+# the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
+set -uo pipefail
+
+results=${1:?usage: $0 RESULTS}
+mkdir -p "$results"
+soak=${SOAK:-3}
+run() { # NAME BACKEND SEED
+    local name=$1 backend=$2 seed=$3 t0=$SECONDS
+    echo "== $name ($backend, seed $seed) $(date +%T)"
+    bench/vllm_backend/h200.sh nan-dsv4-dspark "$results/$name" 1 "$backend" "$seed" "$soak" >"$results/$name.log" 2>&1
+    echo "== $name: exit $? after $((SECONDS - t0)) s"
+    grep -h "healthy after\|live-check exit\|not healthy\|exited with status" "$results/$name.log" || true
+}
+START_DEADLINE=${FIRST_START_DEADLINE:-900} run a CUSTOM 0
+export START_DEADLINE=${START_DEADLINE:-600}
+mismatch=$(python3 - "$results"/a/serve-dsv4/*.server.log <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for line in open(path, errors="replace"):
+        if '[dspark-probe] {"kind": "groups"' in line:
+            doc = json.loads(line.split("[dspark-probe] ", 1)[1])
+            draft = set(doc["draft_group_ids"])
+            print(sum(1 for g in doc["groups"] if g["gid"] in draft and g["block_size"] != g["kernel_block_size"]))
+            raise SystemExit
+print("unknown")
+PY
+)
+echo "== draft groups whose block size is not the kernel's: $mismatch"
+if [ "$mismatch" != 0 ]; then SPARKSEAL_DSPARK_KERNEL_BLOCKS=1 run k CUSTOM 0; fi
+run s CUSTOM 1
+run f FLASHMLA_SPARSE_DSV4 0
+bench/live/device.sh caches "$results/caches"
