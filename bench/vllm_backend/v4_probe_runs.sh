@@ -19,6 +19,7 @@ run() { # NAME BACKEND SEED
     echo "== $name ($backend, seed $seed) $(date +%T)"
     bench/vllm_backend/h200.sh nan-dsv4-dspark "$results/$name" 1 "$backend" "$seed" "$soak" >"$results/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - t0)) s"
+    # A summary for the console: a run whose log has none of these lines has said why above.
     grep -h "healthy after\|live-check exit\|not healthy\|exited with status" "$results/$name.log" || true
 }
 START_DEADLINE=${FIRST_START_DEADLINE:-900} run a CUSTOM 0

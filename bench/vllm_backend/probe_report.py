@@ -1,0 +1,118 @@
+"""Read the ``[dspark-probe]`` lines of server logs (bench/vllm_backend/hooks/dspark_probe.py) as tables.
+
+    python3 bench/vllm_backend/probe_report.py SERVER.log [SERVER.log ...]
+
+For each log: the KV-cache groups (block and kernel block sizes, which hold the draft's layers), then per
+draft step and draft layer each described context position with the slot the insert wrote, the slot in
+kernel-block units, the slot the draft decode reads, and the record before the insert, after it and after
+the draft step (``ok`` for a written record: scale bytes set, no NaN; else what is wrong); then every watched
+record that changed and the call that changed it; the NaN rows of the target's hidden states and of the plain
+sampler's logits. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TAG = "[dspark-probe] "
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        if TAG in line:
+            try:
+                found.append(json.loads(line.split(TAG, 1)[1]))
+            except ValueError as error:
+                found.append({"kind": "unreadable", "error": str(error), "line": line[:200]})
+    return found
+
+
+def state(summary: dict[str, Any] | None) -> str:
+    """``ok`` for a record the insert wrote (scale bytes set, no NaN byte), else what is off."""
+    if summary is None:
+        return "-"
+    scale = summary["scale"][:7]
+    problems = []
+    if not any(scale):
+        problems.append("scale 00")
+    if summary["nope_zero"] == 448:
+        problems.append("NoPE 00")
+    if summary["nope_nan"]:
+        problems.append(f"NoPE NaN x{summary['nope_nan']}")
+    if summary["rope_nan"]:
+        problems.append(f"RoPE NaN x{summary['rope_nan']} ({summary['rope_head'][0]})")
+    if not problems:
+        return f"ok (scale {scale[0]})"
+    return ", ".join(problems)
+
+
+def report(path: Path) -> list[str]:
+    out = [f"== {path}"]
+    for event in events(path):
+        kind = event["kind"]
+        if kind == "groups":
+            out.append(
+                f"groups: draft groups {event['draft_group_ids']}, draft layer -> group index "
+                f"{event['layer_group_idx']}, {event['num_query_per_req']} query rows per request"
+            )
+            for group in event["groups"]:
+                out.append(
+                    f"  gid {group['gid']} {group['spec']}: block {group['block_size']}, kernel block "
+                    f"{group['kernel_block_size']}, {group['layers']} layers, draft {group['draft_layers']}"
+                )
+            for cache in event["caches"]:
+                out.append(f"  cache {cache['layer']}: shape {cache['shape']} stride {cache['stride']}")
+        elif kind == "context":
+            out.append(
+                f"step {event['step']} {event['layer']} (gid {event['gid']}, block {event['block_size']}, "
+                f"kernel {event['kernel_block_size']}): seq_lens {event['seq_lens']}, block table "
+                f"{event['block_table_rows']}"
+            )
+            for row in event["rows"]:
+                out.append(
+                    f"  req {row['req']} pos {row['position']} (target {row['target_position']}): slot "
+                    f"{row['slot']} kernel {row['kernel_slot']} read {row['read']} | before "
+                    f"{state(row.get('before'))} | inserted {state(row.get('inserted'))} | after draft "
+                    f"{state(row.get('after_draft'))}"
+                    + (f" | read record {state(row['read_record'])}" if "read_record" in row else "")
+                )
+        elif kind == "changed":
+            out.append(
+                f"CHANGED step {event['step']} check {event['check']} in {event['where']}: {event['layer']} "
+                f"pos {event['position']} slot {event['slot']}: {state(event['before'])} -> "
+                f"{state(event['after'])}"
+            )
+        elif kind == "hidden":
+            out.append(f"hidden step {event['step']}: {event['rows']} rows, NaN rows {event['nan_rows']}")
+        elif kind == "sampler":
+            out.append(
+                f"sampler call {event['call']}: logits {event['logits']}, NaN rows {event['nan_rows']} at "
+                f"positions {event['positions']}"
+            )
+        else:
+            out.append(f"{kind}: {json.dumps({k: v for k, v in event.items() if k != 'kind'})[:300]}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("logs", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    missing = [str(path) for path in args.logs if not path.is_file()]
+    if missing:
+        print(f"probe_report: no such log: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    for path in args.logs:
+        print("\n".join(report(path)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

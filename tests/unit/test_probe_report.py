@@ -1,0 +1,94 @@
+"""bench/vllm_backend/probe_report.py: the probe's log lines as tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "vllm_backend"))
+import probe_report
+
+WRITTEN = {
+    "nope_zero": 3,
+    "nope_fe": 0,
+    "nope_nan": 0,
+    "scale": [105] * 7 + [0],
+    "rope_nan": 0,
+    "rope_head": ["3f80"] * 4,
+}
+BROKEN = {
+    "nope_zero": 448,
+    "nope_fe": 0,
+    "nope_nan": 0,
+    "scale": [0] * 8,
+    "rope_nan": 64,
+    "rope_head": ["7fff"] * 4,
+}
+
+
+def line(kind: str, **fields: object) -> str:
+    return "(EngineCore pid=1) [dspark-probe] " + json.dumps({"kind": kind, **fields})
+
+
+def test_a_record_that_was_never_written_and_one_overwritten_are_named(tmp_path: Path) -> None:
+    row = {
+        "req": 0,
+        "row": 65,
+        "position": 65,
+        "target_position": 65,
+        "slot": 129,
+        "kernel_slot": 129,
+        "read": 193,
+        "before": None,
+        "inserted": WRITTEN,
+        "after_draft": WRITTEN,
+        "read_record": BROKEN,
+    }
+    log = tmp_path / "server.log"
+    log.write_text(
+        "\n".join(
+            [
+                "INFO unrelated",
+                line(
+                    "context",
+                    step=1,
+                    layer="model.layers.6.attn.swa_cache",
+                    gid=2,
+                    block_size=64,
+                    kernel_block_size=64,
+                    block_table_rows=[[1, 2]],
+                    seq_lens=[71],
+                    rows=[row],
+                ),
+                line(
+                    "changed",
+                    step=1,
+                    check=4,
+                    where="decode model.layers.2.attn (ours)",
+                    layer="model.layers.6.attn.swa_cache",
+                    position=65,
+                    slot=129,
+                    before=WRITTEN,
+                    after=BROKEN,
+                ),
+                "[dspark-probe] {not json",
+            ]
+        )
+        + "\n"
+    )
+    text = "\n".join(probe_report.report(log))
+    assert (
+        "  req 0 pos 65 (target 65): slot 129 kernel 129 read 193 | before - | inserted ok (scale 105) | "
+        "after draft ok (scale 105) | read record scale 00, NoPE 00, RoPE NaN x64 (7fff)"
+    ) in text
+    assert (
+        "CHANGED step 1 check 4 in decode model.layers.2.attn (ours): model.layers.6.attn.swa_cache pos 65 "
+        "slot 129: ok (scale 105) -> scale 00, NoPE 00, RoPE NaN x64 (7fff)"
+    ) in text
+    assert "unreadable:" in text
+
+
+def test_a_missing_log_is_named(tmp_path: Path, capsys) -> None:
+    assert probe_report.main([str(tmp_path / "absent.log")]) == 2
+    assert capsys.readouterr().err == f"probe_report: no such log: {tmp_path / 'absent.log'}\n"
