@@ -348,7 +348,8 @@ def end_records(raw: IO[bytes]) -> EndRecords:
     refused:
 
     The classic record is found as zipfile finds it: at the last 22 bytes if they hold one stating no
-    comment, else at the last signature within the last 22 + 65535 bytes (65535 is the longest comment).
+    comment, else at the last signature within the last 22 + 65535 bytes (65535 is the longest comment;
+    3.11's zipfile searches one byte further back, newer ones do not: a record found only there is refused).
     Its comment length is not required to reach the end of the file, as zipfile requires nothing of it:
     shorter, the rest is data appended to the archive; longer, the comment is cut at the end of the
     file. The two stay outside the members either way, so nothing depends on which it is.
