@@ -32,6 +32,7 @@ import bz2
 import gzip
 import io
 import lzma
+import struct
 import tarfile
 import zipfile
 import zlib
@@ -246,12 +247,12 @@ def _zip_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> I
     """
     try:
         with path.open("rb") as raw:
-            end = zipfile._EndRecData(raw)  # type: ignore[attr-defined]  # the stdlib's own EOCD reader
-    except OSError as error:
+            records = end_records(raw)
+    except _READ_ERRORS as error:
         raise _unreadable(shown, kind, error) from error
-    # The count its end record states, judged before the directory is read into memory; the directory
-    # itself is counted again below, since the record's count is not what zipfile reads.
-    stated = end[zipfile._ECD_ENTRIES_TOTAL] if end else 0  # type: ignore[attr-defined]
+    # The count its end records state, judged before the directory is read into memory; the directory
+    # itself is counted again below, since the records' count is not what zipfile reads.
+    stated = records.entries
     if budget.members + stated > MAX_MEMBERS or budget.scan.members + stated > MAX_SCAN_MEMBERS:
         _limit_members(shown, budget, stated, "its end record")
     try:
@@ -290,7 +291,214 @@ def _zip_members(path: Path, shown: str, kind: ArchiveKind, budget: Budget) -> I
 # In parentheses and with spaces, as no packaging tool names a file.
 OUTSIDE = "(bytes outside the members)"
 _LOCAL_HEADER = 30  # a zip local file header's fixed part; its name and extra field follow
+_LOCAL_SIGNATURE = b"PK\x03\x04"
 _DESCRIPTOR = b"PK\x07\x08"  # the optional signature of a data descriptor (12 bytes without it, 16 with)
+
+# A zip's end records (APPNOTE.TXT 4.3.14-4.3.16), little-endian, each led by its signature:
+# the end of central directory record (disk numbers, entries on this disk and in all, directory size and
+# offset, comment length; its comment follows it, up to 65535 bytes);
+_END = struct.Struct("<4sHHHHIIH")
+_END_SIGNATURE = b"PK\x05\x06"
+_MAX_COMMENT = 0xFFFF
+# the zip64 end of central directory locator, just before it (the disk of the zip64 record, the record's
+# offset, the number of disks);
+_LOCATOR = struct.Struct("<4sIQI")
+_LOCATOR_SIGNATURE = b"PK\x06\x07"
+# the zip64 end of central directory record, before the locator: its size less its first 12 bytes, the
+# versions made by and needed, disk numbers, entries on this disk and in all, directory size and offset.
+# Its fixed part: what follows it up to the locator would be a v2 "extensible data sector" (see
+# :func:`_zip64_records` for why none is accepted).
+_END64 = struct.Struct("<4sQHHIIQQQQ")
+_END64_SIGNATURE = b"PK\x06\x06"
+
+
+@dataclass(frozen=True)
+class EndRecords:
+    """A zip's end records as its own bytes state them (:func:`end_records`); ranges are ``[start, end)``.
+
+    ``directory`` is where a reader finds the central directory: its stated size, ending where the end
+    records begin (the zip64 record, else the classic one). zipfile reads it there too, whatever offset
+    the records state: the difference is data prepended to the archive, which shifts every member's offset
+    alike. ``offset`` is that stated offset, from the start of the archive as written.
+    """
+
+    size: int  # of the whole file
+    classic: tuple[int, int]  # the end of central directory record, without its comment
+    comment: tuple[int, int]  # the comment, as long as its record states, cut at the end of the file
+    locator: tuple[int, int] | None  # the zip64 end of central directory locator, if the zip has one
+    zip64: tuple[int, int] | None  # the zip64 end of central directory record (its fixed part)
+    directory: tuple[int, int]
+    entries: int  # the entries the records state in all: the zip64 record's where there is one
+    offset: int
+
+    @property
+    def structure(self) -> list[tuple[int, int]]:
+        """The directory and each end record, in file order: a zip's structure, its comment not included."""
+        return [part for part in (self.directory, self.zip64, self.locator, self.classic) if part is not None]
+
+
+def end_records(raw: IO[bytes]) -> EndRecords:
+    """The end records of the zip in the seekable ``raw``, read from its bytes per APPNOTE 4.3.14-4.3.16.
+
+    Not from zipfile's private ``_EndRecData``: its fields are no interface, and they changed within one
+    Python (Debian's 3.11.2-6+deb12u9 places a zip64 archive's end at its zip64 record, deb12u6 and 3.11.7
+    at its classic record, and only the newer validates the zip64 records), so ranges taken from them
+    differed by revision. What is read here is what every revision's zipfile reads where it opens the
+    zip, so the directory lies where zipfile reads it, and anything a revision would read otherwise is
+    refused:
+
+    The classic record is found as zipfile finds it: at the last 22 bytes if they hold one stating no
+    comment, else at the last signature within the last 22 + 65535 bytes (65535 is the longest comment;
+    3.11's zipfile searches one byte further back, newer ones do not: a record found only there is refused).
+    Its comment length is not required to reach the end of the file, as zipfile requires nothing of it:
+    shorter, the rest is data appended to the archive; longer, the comment is cut at the end of the
+    file. The two stay outside the members either way, so nothing depends on which it is.
+
+    A zip64 locator is one right before the classic record, as zipfile looks for none elsewhere; its
+    zip64 record must lie right before it, whole and consistent (:func:`_zip64_records`). Every failure
+    is a :class:`zipfile.BadZipFile` saying which record states what, and what was expected.
+    """
+    size = raw.seek(0, io.SEEK_END)
+    start = _find_end(raw, size)
+    raw.seek(start)
+    _, _, _, this_disk, total, length, offset, comment = _END.unpack(raw.read(_END.size))
+    classic = (start, start + _END.size)
+    comment_range = (classic[1], min(classic[1] + comment, size))
+    if start >= _LOCATOR.size:
+        raw.seek(start - _LOCATOR.size)
+        locator = raw.read(_LOCATOR.size)
+        if locator.startswith(_LOCATOR_SIGNATURE):
+            return _zip64_records(raw, size, classic, comment_range, (this_disk, total, length, offset))
+    if length > start:
+        raise zipfile.BadZipFile(
+            f"its end of central directory record (at byte {start}) states a central directory of {length} "
+            f"bytes, expected at most the {start} bytes before the record"
+        )
+    return EndRecords(size, classic, comment_range, None, None, (start - length, start), total, offset)
+
+
+def _find_end(raw: IO[bytes], size: int) -> int:
+    """Where the classic end record starts, found as zipfile finds it (see :func:`end_records`)."""
+    if size >= _END.size:
+        raw.seek(size - _END.size)
+        last = raw.read(_END.size)
+        if last.startswith(_END_SIGNATURE) and last.endswith(b"\0\0"):
+            return size - _END.size
+    window = max(size - _END.size - _MAX_COMMENT, 0)
+    raw.seek(window)
+    tail = raw.read()
+    found = tail.rfind(_END_SIGNATURE)
+    if found < 0:
+        raise zipfile.BadZipFile(
+            f"File is not a zip file: expected an end of central directory record (signature "
+            f"{_END_SIGNATURE!r}) in its last {len(tail)} bytes, found none"
+        )
+    if len(tail) - found < _END.size:
+        raise zipfile.BadZipFile(
+            f"File is not a zip file: its last end of central directory record signature, at byte "
+            f"{window + found}, is followed by {len(tail) - found - 4} bytes, expected the record's "
+            f"{_END.size - 4}"
+        )
+    return window + found
+
+
+def _zip64_records(
+    raw: IO[bytes],
+    size: int,
+    classic: tuple[int, int],
+    comment: tuple[int, int],
+    stated: tuple[int, int, int, int],
+) -> EndRecords:
+    """The end records of a zip whose classic record (``stated``: entries on this disk and in all,
+    directory size and offset) follows a zip64 locator: its zip64 record must be consistent, or refused.
+
+    The record must lie right before the locator, its fixed part alone: deb12u6's zipfile reads it there
+    and nowhere else, deb12u9's first where the locator points (then there), so both read the same record
+    only if the locator points at it, or (data prepended to the archive) before it at no other zip64
+    record. The checks deb12u9 makes are made here for every revision: a single disk, a record of 56
+    bytes, and a directory that ends where the locator places the record. A classic record's field holds
+    the zip64 record's value or the placeholder that defers to it (APPNOTE 4.4.1.4): a reader that takes
+    the classic value must not see another archive.
+    """
+    locator = classic[0] - _LOCATOR.size
+    raw.seek(locator)
+    _, disk, pointed, disks = _LOCATOR.unpack(raw.read(_LOCATOR.size))
+    named = f"its zip64 end of central directory locator (at byte {locator})"
+    if disk != 0:
+        raise zipfile.BadZipFile(
+            f"{named} places the zip64 end record on disk {disk}, expected disk 0: zipfiles that span "
+            "multiple disks are not supported"
+        )
+    if disks > 1:
+        raise zipfile.BadZipFile(
+            f"{named} states {disks} disks, expected 1: zipfiles that span multiple disks are not supported"
+        )
+    record = locator - _END64.size
+    if record < 0:
+        raise zipfile.BadZipFile(
+            f"{named} is preceded by {locator} bytes, expected at least the {_END64.size} of the zip64 end "
+            "of central directory record"
+        )
+    raw.seek(record)
+    fields = raw.read(_END64.size)
+    if not fields.startswith(_END64_SIGNATURE):
+        raise zipfile.BadZipFile(
+            f"{named} is not preceded by a zip64 end of central directory record: expected its signature "
+            f"{_END64_SIGNATURE!r} at byte {record}, found {fields[:4]!r}"
+        )
+    _, length, _, _, disk, disk_start, this_disk, total, dir_size, dir_offset = _END64.unpack(fields)
+    named64 = f"its zip64 end of central directory record (at byte {record})"
+    if length != _END64.size - 12:
+        raise zipfile.BadZipFile(
+            f"{named64} states a size of {length} bytes after its first 12, expected {_END64.size - 12}: an "
+            "extensible data sector is not supported"
+        )
+    if (disk, disk_start) != (0, 0):
+        raise zipfile.BadZipFile(
+            f"{named64} states disk {disk}, its directory starting on disk {disk_start}, expected disk 0 "
+            "for both: zipfiles that span multiple disks are not supported"
+        )
+    if this_disk != total:
+        raise zipfile.BadZipFile(
+            f"{named64} states {this_disk} entries on this disk and {total} in all, expected the same "
+            "count on an archive of one disk"
+        )
+    if pointed > record:
+        raise zipfile.BadZipFile(
+            f"{named} places the zip64 end record at byte {pointed}, expected byte {record}, where it lies "
+            "(or before it, by the bytes prepended to the archive)"
+        )
+    if dir_offset + dir_size != pointed:
+        raise zipfile.BadZipFile(
+            f"{named64} states a central directory ending at byte {dir_offset + dir_size} (offset "
+            f"{dir_offset} + size {dir_size}), expected byte {pointed}, where its locator places the record"
+        )
+    if pointed != record:
+        raw.seek(pointed)
+        if raw.read(len(_END64_SIGNATURE)) == _END64_SIGNATURE:
+            raise zipfile.BadZipFile(
+                f"{named} places the zip64 end record at byte {pointed}, where another one starts, expected "
+                f"byte {record} (or bytes prepended to the archive before it, but no zip64 record): Python "
+                "revisions differ on which of the two they read"
+            )
+    expected = (("entries on this disk", this_disk, 0xFFFF), ("entries in all", total, 0xFFFF))
+    expected += (("directory size", dir_size, 0xFFFFFFFF), ("directory offset", dir_offset, 0xFFFFFFFF))
+    for (what, value, placeholder), classic_value in zip(expected, stated, strict=True):
+        if classic_value not in (value, placeholder):
+            raise zipfile.BadZipFile(
+                f"its end of central directory record (at byte {classic[0]}) states {classic_value} as its "
+                f"{what}, expected {value} as its zip64 end record states, or {placeholder:#x} to defer to it"
+            )
+    return EndRecords(
+        size,
+        classic,
+        comment,
+        (locator, classic[0]),
+        (record, locator),
+        (record - dir_size, record),
+        total,
+        dir_offset,
+    )
 
 
 def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int, int]]:
@@ -299,15 +507,17 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
     A zip's members are its local file records (header, name, extra field, compressed data, data
     descriptor) of the entries :func:`members` hands out, and of directory entries that hold no data
     (a directory entry's data is never handed out, so its record stays outside); its directory is its
-    central directory records and end records (zip64 and classic). Everything else is what no unzip
-    hands out as a member and yet lies in the file: bytes before the first record (a self-extracting
-    stub, or anything prepended), between records, a stored member's data past the size it states (see
-    :func:`_local_record`), the archive comment, and bytes after it (appended data; zipfile finds the
-    end record up to 64 KiB before the end). Each bound is read from the zip's own records: a member's
-    offset, sizes and method from its central directory entry, the length of its name and extra field
-    from its local header (the two may differ), the directory from the end record. A local header
-    without its signature covers nothing, so its bytes stay outside too: nothing is assumed covered
-    that a record does not state.
+    central directory records and end records: the zip64 end record and its locator where it has them,
+    and the classic one without its comment (:func:`end_records`, which reads them from the zip's own
+    bytes, so that the ranges are the same on every Python). Everything else is what no unzip hands out
+    as a member and yet lies in the file: bytes before the first record (a self-extracting stub, or
+    anything prepended), between records, a stored member's data past the size it states (see
+    :func:`_local_record`), between the directory and the end records, the archive comment, and bytes
+    after it (appended data; zipfile finds the end record up to 64 KiB before the end). Each bound is
+    read from the zip's own records: a member's offset, sizes and method from its central directory
+    entry, the length of its name and extra field from its local header (the two may differ), the
+    directory from the end records. A local header without its signature covers nothing, so its bytes
+    stay outside too: nothing is assumed covered that a record does not state.
 
     A tar has none: it is read whole, and bytes past where its reader stops that are not zeros are
     refused (:func:`_tar_members`); its bytes that are no member's data are :class:`Skipped`. An ar
@@ -319,30 +529,17 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
         return []
     try:
         with path.open("rb") as raw:
-            size = raw.seek(0, io.SEEK_END)
-            end = zipfile._EndRecData(raw)  # type: ignore[attr-defined]
+            records = end_records(raw)
             with zipfile.ZipFile(raw) as archive:
-                listed = archive.infolist()
                 covered = [
                     part
-                    for info in listed
+                    for info in archive.infolist()
                     if not info.is_dir() or not info.file_size
                     for part in _local_record(raw, info)
                 ]
-                start = archive.start_dir  # type: ignore[attr-defined]  # where zipfile read the directory
     except _READ_ERRORS as error:
         raise _unreadable(shown, kind, error) from error
-    if not end:  # zipfile opened it, so this cannot be; refused rather than assumed
-        raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: no end record")
-    covered.append((start, start + end[zipfile._ECD_SIZE]))  # type: ignore[attr-defined]
-    record = end[zipfile._ECD_LOCATION]  # type: ignore[attr-defined]
-    if end[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:  # type: ignore[attr-defined]
-        # The zip64 end record (its fixed part: an extensible data sector stays outside) and its locator,
-        # where zipfile reads them: just before the classic end record.
-        zip64 = zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator  # type: ignore[attr-defined]
-        covered.append((record - zip64, record))
-    covered.append((record, record + zipfile.sizeEndCentDir))  # type: ignore[attr-defined]
-    return _uncovered(covered, size)
+    return _uncovered(covered + records.structure, records.size)
 
 
 def _local_record(raw: IO[bytes], info: zipfile.ZipInfo) -> list[tuple[int, int]]:
@@ -355,7 +552,7 @@ def _local_record(raw: IO[bytes], info: zipfile.ZipInfo) -> list[tuple[int, int]
     start = info.header_offset
     raw.seek(start)
     header = raw.read(_LOCAL_HEADER)
-    if len(header) != _LOCAL_HEADER or header[:4] != zipfile.stringFileHeader:  # type: ignore[attr-defined]
+    if len(header) != _LOCAL_HEADER or header[:4] != _LOCAL_SIGNATURE:
         return []
     flags, name, extra = int.from_bytes(header[6:8], "little"), header[26:28], header[28:30]
     data = start + _LOCAL_HEADER + int.from_bytes(name, "little") + int.from_bytes(extra, "little")

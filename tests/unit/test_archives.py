@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import lzma
+import struct
 import sys
 import tarfile
 import zipfile
@@ -676,16 +677,320 @@ class _Unseekable(io.RawIOBase):
 
 
 def test_a_zip64_archives_end_records_are_its_directorys(tmp_path: Path) -> None:
-    """Past 65535 entries zipfile writes a zip64 end record and its locator before the classic one."""
+    """Past 65535 entries zipfile writes a zip64 end record and its locator before the classic one.
+
+    Their ranges are read from the bytes (signatures and struct fields), not from zipfile, whose idea of
+    where the end lies changed between Python revisions (Debian's 3.11.2-6+deb12u9 and deb12u6).
+    """
     raw = io.BytesIO()
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as archive:
         for n in range(0x10000):
             archive.writestr(zipfile.ZipInfo(f"{n}"), b"")
         archive.comment = b"<comment>"
     data = raw.getvalue()
-    assert b"PK\x06\x06" in data  # a zip64 end record
+    directory, record = data.index(b"PK\x01\x02"), data.rindex(b"PK\x06\x06")
+    locator, classic = data.rindex(b"PK\x06\x07"), data.rindex(b"PK\x05\x06")
+    assert (record + _END64.size, locator + _LOCATOR.size) == (locator, classic)  # as zipfile writes them
+    fields = _END64.unpack_from(data, record)
+    assert fields[1:] == (44, 45, 45, 0, 0, 0x10000, 0x10000, record - directory, directory)
+    assert _LOCATOR.unpack_from(data, locator)[1:] == (0, record, 1)
+    assert _END.unpack_from(data, classic)[3:] == (0xFFFF, 0xFFFF, record - directory, directory, 9)
+    assert archives.end_records(io.BytesIO(data)) == archives.EndRecords(
+        size=len(data),
+        classic=(classic, classic + _END.size),
+        comment=(classic + _END.size, len(data)),
+        locator=(locator, classic),
+        zip64=(record, locator),
+        directory=(directory, record),
+        entries=0x10000,
+        offset=directory,
+    )
     ranges = _outside(tmp_path, "many.zip", data)
+    assert ranges == [(classic + _END.size, len(data))]
     assert [data[start:end] for start, end in ranges] == [b"<comment>"]
+
+
+# The records of a zip, as APPNOTE.TXT lays them out (little-endian, each led by its signature).
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header (4.3.7), its name next
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # a central directory header (4.3.12), its name next
+_END64 = struct.Struct("<4sQHHIIQQQQ")  # the zip64 end of central directory record (4.3.14)
+_LOCATOR = struct.Struct("<4sIQI")  # the zip64 end of central directory locator (4.3.15)
+_END = struct.Struct("<4sHHHHIIH")  # the end of central directory record (4.3.16), its comment next
+
+
+def _built(zip64: bool, gaps: dict[str, bytes] | None = None) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """A zip of two stored members built with struct, and the byte range of each of its parts by name.
+
+    Parts, in order: the local records ``a.txt`` and ``b.txt``, ``directory``, with ``zip64`` the zip64
+    end record ``zip64`` and its ``locator`` (the classic record's count, size and offset then defer to
+    them: 0xffff and 0xffffffff), and the classic record ``end``. ``gaps`` puts bytes before a part (by
+    its name), as the ``comment`` or after everything (``suffix``). Every offset a record states counts
+    from the first local header, as a writer that knows nothing of bytes put before it.
+    """
+    gaps = gaps or {}
+    out, parts = bytearray(), {}
+    prefix = len(gaps.get("a.txt", b""))
+
+    def put(name: str, data: bytes) -> None:
+        out.extend(gaps.get(name, b""))
+        parts[name] = (len(out), len(out) + len(data))
+        out.extend(data)
+
+    central = b""
+    for name, data in {"a.txt": b"a\n", "b.txt": b"b\n"}.items():
+        crc, size, encoded = zlib.crc32(data), len(data), name.encode()
+        put(
+            name,
+            _LOCAL.pack(b"PK\x03\x04", 20, 0, 0, 0, 0x21, crc, size, size, len(name), 0) + encoded + data,
+        )
+        offset = parts[name][0] - prefix
+        central += _CENTRAL.pack(
+            b"PK\x01\x02", 20, 20, 0, 0, 0, 0x21, crc, size, size, len(name), 0, 0, 0, 0, 0, offset
+        )
+        central += encoded
+    put("directory", central)
+    count, size, offset = 2, len(central), parts["directory"][0] - prefix
+    if zip64:
+        put("zip64", _END64.pack(b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, size, offset))
+        put("locator", _LOCATOR.pack(b"PK\x06\x07", 0, parts["zip64"][0] - prefix, 1))
+        count, size, offset = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF
+    comment = gaps.get("comment", b"")
+    put("end", _END.pack(b"PK\x05\x06", 0, 0, count, count, size, offset, len(comment)))
+    out.extend(comment + gaps.get("suffix", b""))
+    return bytes(out), parts
+
+
+def test_a_zips_end_records_are_read_from_its_bytes(tmp_path: Path) -> None:
+    """Each record's range and the directory's, as the struct layout puts them, with or without zip64."""
+    stub, comment = b"#!/bin/sh\nexit 0\n", b"<comment>"
+    for zip64 in (False, True):
+        data, parts = _built(zip64, {"a.txt": stub, "comment": comment})
+        assert zipfile.ZipFile(io.BytesIO(data)).read("b.txt") == b"b\n"  # zipfile reads it
+        assert archives.end_records(io.BytesIO(data)) == archives.EndRecords(
+            size=len(data),
+            classic=parts["end"],
+            comment=(parts["end"][1], len(data)),
+            locator=parts["locator"] if zip64 else None,
+            zip64=parts["zip64"] if zip64 else None,
+            directory=parts["directory"],
+            entries=2,
+            offset=parts["directory"][0] - len(stub),
+        )
+        assert _outside(tmp_path, "stub.zip", data) == [(0, len(stub)), (parts["end"][1], len(data))]
+        # A comment length that does not reach the end of the file, or reaches past it, is taken as zipfile
+        # takes it: the rest is data appended after the comment, or the comment is cut at the end of the
+        # file. Both stay outside the members, as the comment does.
+        for stated, cut in ((3, parts["end"][1] + 3), (len(comment) + 5, len(data))):
+            changed = bytearray(data)
+            struct.pack_into("<H", changed, parts["end"][0] + 20, stated)
+            assert zipfile.ZipFile(io.BytesIO(changed)).read("b.txt") == b"b\n"
+            records = archives.end_records(io.BytesIO(changed))
+            assert (records.classic, records.comment) == (parts["end"], (parts["end"][1], cut))
+            assert _outside(tmp_path, "stub.zip", bytes(changed)) == [
+                (0, len(stub)),
+                (parts["end"][1], len(data)),
+            ]
+
+
+def test_a_token_in_any_gap_of_a_zip_is_outside_its_members_or_refused(tmp_path: Path) -> None:
+    """Bytes put before, between or after any records: reported outside, or the zip is refused. No byte
+    between the directory and the end records, or between two end records, is taken as covered."""
+    token = b"<token>"
+    for zip64 in (False, True):
+        for part in ("a.txt", "b.txt", "directory", "comment", "suffix"):
+            data, _ = _built(zip64, {part: token})
+            at = data.index(token)
+            assert _outside(tmp_path, "gap.zip", data) == [(at, at + len(token))], (zip64, part)
+    shown = "gap.zip: expected a zip archive, cannot read it: "
+    # The locator points at the record, past where the directory ends: the record and the locator disagree.
+    data, parts = _built(True, {"zip64": token})
+    record, (offset, ends) = parts["zip64"][0], parts["directory"]
+    with pytest.raises(archives.ArchiveError) as caught:
+        _outside(tmp_path, "gap.zip", data)
+    assert str(caught.value) == (
+        f"{shown}its zip64 end of central directory record (at byte {record}) states a central directory "
+        f"ending at byte {ends} (offset {offset} + size {ends - offset}), expected byte {record}, where its "
+        "locator places the record"
+    )
+    data, parts = _built(True, {"locator": token})
+    locator = parts["locator"][0]
+    with pytest.raises(archives.ArchiveError) as caught:
+        _outside(tmp_path, "gap.zip", data)
+    assert str(caught.value) == (
+        f"{shown}its zip64 end of central directory locator (at byte {locator}) is not preceded by a zip64 "
+        f"end of central directory record: expected its signature b'PK\\x06\\x06' at byte {locator - 56}, "
+        f"found {data[locator - 56 : locator - 52]!r}"
+    )
+    # Between the locator and the classic record there is no locator where a reader looks: a classic zip,
+    # whose directory of 0xffffffff bytes cannot lie before its end record.
+    data, parts = _built(True, {"end": token})
+    end = parts["end"][0]
+    with pytest.raises(archives.ArchiveError) as caught:
+        _outside(tmp_path, "gap.zip", data)
+    assert str(caught.value) == (
+        f"{shown}its end of central directory record (at byte {end}) states a central directory of "
+        f"4294967295 bytes, expected at most the {end} bytes before the record"
+    )
+    # A classic zip's directory is read just before its end record, where the token now ends it.
+    data, _ = _built(False, {"end": token})
+    with pytest.raises(archives.ArchiveError) as caught:
+        _outside(tmp_path, "gap.zip", data)
+    assert str(caught.value) == f"{shown}Bad magic number for central directory"
+
+
+def test_a_corrupt_zip64_locator_or_record_is_refused_naming_it(tmp_path: Path) -> None:
+    """Each field that would make a Python revision read another directory, or none, is refused: the
+    message names the record, what it states and what was expected; never taken as covered."""
+    data, parts = _built(True)
+    (record, locator), end = parts["zip64"], parts["end"][0]
+    offset, ends = parts["directory"]
+    size = ends - offset
+    named, named64 = (
+        f"its zip64 end of central directory locator (at byte {locator})",
+        f"its zip64 end of central directory record (at byte {record})",
+    )
+    multiple = "zipfiles that span multiple disks are not supported"
+    cases: dict[str, tuple[int, str, int | bytes, str]] = {
+        # name: (where, struct format, value written there, what the refusal says)
+        "locator disk": (
+            locator + 4,
+            "<I",
+            1,
+            f"{named} places the zip64 end record on disk 1, expected disk 0: {multiple}",
+        ),
+        "locator disks": (locator + 16, "<I", 2, f"{named} states 2 disks, expected 1: {multiple}"),
+        "locator past the record": (
+            locator + 8,
+            "<Q",
+            record + 1,
+            f"{named} places the zip64 end record at byte {record + 1}, expected byte {record}, where it "
+            "lies (or before it, by the bytes prepended to the archive)",
+        ),
+        "locator before the record": (
+            locator + 8,
+            "<Q",
+            record - 1,
+            f"{named64} states a central directory ending at byte {ends} (offset {offset} + size {size}), "
+            f"expected byte {record - 1}, where its locator places the record",
+        ),
+        "record signature": (
+            record,
+            "<4s",
+            b"PK\x06\x07",
+            f"{named} is not preceded by a zip64 end of central directory record: expected its signature "
+            f"b'PK\\x06\\x06' at byte {record}, found b'PK\\x06\\x07'",
+        ),
+        "record size": (
+            record + 4,
+            "<Q",
+            45,
+            f"{named64} states a size of 45 bytes after its first 12, expected 44: an extensible data sector "
+            "is not supported",
+        ),
+        "record disk": (
+            record + 16,
+            "<I",
+            1,
+            f"{named64} states disk 1, its directory starting on disk 0, expected disk 0 for both: "
+            f"{multiple}",
+        ),
+        "record entries on this disk": (
+            record + 24,
+            "<Q",
+            1,
+            f"{named64} states 1 entries on this disk and 2 in all, expected the same count on an archive of "
+            "one disk",
+        ),
+        "record directory size": (
+            record + 40,
+            "<Q",
+            size + 1,
+            f"{named64} states a central directory ending at byte {ends + 1} (offset {offset} + size "
+            f"{size + 1}), expected byte {record}, where its locator places the record",
+        ),
+        "classic entries": (
+            end + 10,
+            "<H",
+            1,
+            f"its end of central directory record (at byte {end}) states 1 as its entries in all, expected 2 "
+            "as its zip64 end record states, or 0xffff to defer to it",
+        ),
+        "classic offset": (
+            end + 16,
+            "<I",
+            offset + 1,
+            f"its end of central directory record (at byte {end}) states {offset + 1} as its directory "
+            f"offset, expected {offset} as its zip64 end record states, or 0xffffffff to defer to it",
+        ),
+    }
+    for name, (at, layout, value, message) in cases.items():
+        corrupt = bytearray(data)
+        struct.pack_into(layout, corrupt, at, value)
+        with pytest.raises(archives.ArchiveError) as caught:
+            _outside(tmp_path, "corrupt.zip", bytes(corrupt))
+        assert str(caught.value) == f"corrupt.zip: expected a zip archive, cannot read it: {message}", name
+    # Bytes prepended to the archive: its locator points before the record, by as many bytes. Where it
+    # points, another zip64 record's signature: deb12u9's zipfile reads that one, deb12u6's the other.
+    prepended, parts = _built(True, {"a.txt": bytes(record) + b"PK\x06\x06"})
+    (moved, locator) = parts["zip64"]
+    with pytest.raises(archives.ArchiveError) as caught:
+        _outside(tmp_path, "corrupt.zip", prepended)
+    assert str(caught.value) == (
+        f"corrupt.zip: expected a zip archive, cannot read it: its zip64 end of central directory locator "
+        f"(at byte {locator}) places the zip64 end record at byte {record}, where another one starts, "
+        f"expected byte {moved} (or bytes prepended to the archive before it, but no zip64 record): Python "
+        "revisions differ on which of the two they read"
+    )
+    # The scan refuses it before reading a member, naming the archive.
+    wheel = tmp_path / WHEEL
+    corrupt = bytearray(data)
+    struct.pack_into("<Q", corrupt, record + 4, 45)
+    wheel.write_bytes(corrupt)
+    with pytest.raises(scan.ScanInputError) as caught:
+        _scan(wheel)
+    assert str(caught.value) == (
+        f"{wheel}: expected a wheel (a zip archive), cannot read it: {named64} states a size of 45 bytes "
+        "after its first 12, expected 44: an extensible data sector is not supported"
+    )
+
+
+def test_a_zip_without_a_whole_end_record_is_refused(tmp_path: Path) -> None:
+    """No classic end record in the last 22 + 65535 bytes, a truncated one, or a directory larger than
+    what precedes its end record: each refused, saying what was found."""
+    shown = "end.zip: expected a zip archive, cannot read it: "
+    data, parts = _built(False)
+    end = parts["end"][0]
+    beyond = bytearray(data)
+    struct.pack_into("<I", beyond, end + 12, end + 1)
+    # 65536 bytes after the record: one more than a comment can be (3.11's zipfile still finds it there).
+    far = data + bytes(0x10000)
+    cases = {
+        "nothing": (
+            b"this is no zip",
+            "expected an end of central directory record (signature b'PK\\x05\\x06') "
+            "in its last 14 bytes, found none",
+        ),
+        "truncated": (
+            data[:-5],
+            f"its last end of central directory record signature, at byte {end}, is followed by 13 bytes, "
+            "expected the record's 18",
+        ),
+        "too far": (
+            far,
+            f"expected an end of central directory record (signature b'PK\\x05\\x06') in its last "
+            f"{_END.size + 0xFFFF} bytes, found none",
+        ),
+    }
+    for name, (raw, detail) in cases.items():
+        with pytest.raises(archives.ArchiveError) as caught:
+            _outside(tmp_path, "end.zip", raw)
+        assert str(caught.value) == f"{shown}File is not a zip file: {detail}", name
+    with pytest.raises(archives.ArchiveError) as caught:
+        _outside(tmp_path, "end.zip", bytes(beyond))
+    assert str(caught.value) == (
+        f"{shown}its end of central directory record (at byte {end}) states a central directory of "
+        f"{end + 1} bytes, expected at most the {end} bytes before the record"
+    )
 
 
 def _stored_slack(shown: bytes, hidden: bytes) -> bytes:
