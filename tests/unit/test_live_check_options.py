@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.servers.fake_openai import Behaviour, FakeServer
 from tests.servers.loopback import free_port
-from tests.unit.live_check_helpers import cli
+from tests.unit.live_check_helpers import REPO, cli
+
+# `sparkseal live-check --help` at 80 columns, recorded from the parser as it was written by hand before its
+# options became one table (issue 52): whatever builds the parser must reproduce it byte for byte.
+HELP = REPO / "tests" / "fixtures" / "live_check" / "help.80.txt"
+
+
+def test_help_is_the_recorded_text_byte_for_byte():
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkseal", "live-check", "--help"],
+        capture_output=True,
+        cwd=REPO,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout == HELP.read_bytes()
 
 
 def test_cli_exit_codes_and_json(tmp_path: Path):
