@@ -100,7 +100,5 @@ def soak_prompts(
     elif given is not None:
         prompts = given[: options.soak]
     else:
-        prompts = make_prompts(
-            options.soak, options.prompt_tokens, options.vocab_low, options.vocab_high, options.seed
-        )
+        prompts = make_prompts(options.soak, options.prompt_tokens, *options.vocab, options.seed)
     return prompts, max_tokens

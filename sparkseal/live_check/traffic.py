@@ -251,7 +251,7 @@ def prefix_cache_step(
     cached and cold prefills run other batch shapes, so they may round apart). Each run's prefill time is
     the server's own time to first token, read from its histogram around that request alone."""
     with report.timed("prefix-cache", ok=False) as cache:
-        long_prompt = cold_prompt(options.long_prompt_tokens, options.vocab_low, options.vocab_high)
+        long_prompt = cold_prompt(options.long_prompt_tokens, *options.vocab)
         before = read_metrics(client, options.timeout)
         k = options.top_logprobs
         label = f"prefix cache: a {len(long_prompt)}-token prompt"
@@ -357,7 +357,7 @@ def context_step(
                 "more",
             )
             return
-        prompt = cold_prompt(tokens, options.vocab_low, options.vocab_high)
+        prompt = cold_prompt(tokens, *options.vocab)
         before = read_metrics(client, options.timeout)
         label = f"long context: a {tokens}-token cold prompt (deadline {options.context_timeout:g} s)"
         try:

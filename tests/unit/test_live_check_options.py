@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+import sparkseal.live_check.run
+from sparkseal import cli as sparkseal_cli
+from sparkseal.live_check.config import PROFILES, Options, UsageError, check_options
 from tests.servers.fake_openai import Behaviour, FakeServer
 from tests.servers.loopback import free_port
-from tests.unit.live_check_helpers import cli
+from tests.unit.live_check_helpers import REPO, cli
+
+# `sparkseal live-check --help` at 80 columns, recorded from the parser as it was written by hand before its
+# options became one table (issue 52): whatever builds the parser must reproduce it byte for byte.
+HELP = REPO / "tests" / "fixtures" / "live_check" / "help.80.txt"
+
+
+def test_help_is_the_recorded_text_byte_for_byte():
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkseal", "live-check", "--help"],
+        capture_output=True,
+        cwd=REPO,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout == HELP.read_bytes()
 
 
 def test_cli_exit_codes_and_json(tmp_path: Path):
@@ -137,3 +164,109 @@ def test_cli_reference_profile_shows_progress_on_stderr_and_times_every_step(tmp
             "100",
         )
     assert required.returncode == 1 and "speculative decoding is not configured" in required.stdout
+
+
+def _cli_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The message of `sparkseal live-check ARGS`'s usage error, run in this process."""
+    with pytest.raises(SystemExit) as exit_:
+        sparkseal_cli.main(["live-check", "http://127.0.0.1:1", *args])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("sparkseal live-check: error: ")
+    return last.removeprefix("sparkseal live-check: error: ")
+
+
+# One bad value each: the command line's words, which a Python caller hears too.
+REFUSALS = [
+    (("--soak", "0"), {"soak": 0}, "argument --soak: expected a positive number, got '0'"),
+    (
+        ("--context-timeout", "0"),
+        {"context_timeout": 0.0},
+        "argument --context-timeout: expected a positive number, got '0'",
+    ),
+    (
+        ("--timeout", "nan"),
+        {"timeout": math.nan},
+        "argument --timeout: expected a positive number, got 'nan'",
+    ),
+    (
+        ("--teardown-pid", "0"),
+        {"teardown_pid": 0},
+        "argument --teardown-pid: expected a positive number, got '0'",
+    ),
+    (
+        ("--speculation", "bogus"),
+        {"speculation": "bogus"},
+        "argument --speculation: invalid choice: 'bogus' (choose from 'auto', 'required', 'off')",
+    ),
+    (
+        ("--vocab", "900:100"),
+        {"vocab": (900, 100)},
+        "argument --vocab: expected LOW:HIGH with LOW < HIGH (token ids), got '900:100'",
+    ),
+    (("--wait", "-1"), {"wait": -1.0}, "--wait -1: expected seconds, at least 0"),
+    (
+        ("--min-acceptance", "1.5"),
+        {"min_acceptance": 1.5},
+        "--min-acceptance 1.5: expected a rate from 0 to 1",
+    ),
+    (
+        ("--idle-utilization", "101"),
+        {"idle_utilization": 101.0},
+        "--idle-memory-mib 512, --idle-utilization 101: expected MiB at least 0 and a percentage from 0 "
+        "to 100",
+    ),
+    (
+        ("--record", "a.json", "--against", "b.json"),
+        {"record": Path("a.json"), "against": Path("b.json")},
+        "argument --against: not allowed with argument --record",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "given", "message"), REFUSALS, ids=[args[0] for args, _, _ in REFUSALS])
+def test_a_bad_value_is_refused_in_the_same_words_typed_or_given(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], given: dict, message: str
+):
+    assert _cli_error(capsys, *args) == message
+    with pytest.raises(UsageError) as error:
+        check_options(Options(url="http://127.0.0.1:1", **given))
+    assert str(error.value) == message
+
+
+def test_a_profiles_values_meet_the_same_checks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(PROFILES["reference"], "max_tokens", 0)
+    assert _cli_error(capsys, "--profile", "reference") == (
+        "argument --max-tokens: expected a positive number, got '0'"
+    )
+    assert _cli_error(capsys, "--profile", "reference", "--max-tokens", "-1") == (
+        "argument --max-tokens: expected a positive number, got '-1'"
+    )
+
+
+def test_typed_beats_the_profile_and_the_profile_beats_the_default(monkeypatch: pytest.MonkeyPatch):
+    ran: list[Options] = []
+
+    def run(options: Options, progress: object) -> None:
+        ran.append(options)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(sparkseal.live_check.run, "run", run)
+    for args in (
+        ["--profile", "reference", "--soak", "3", "--no-require-cache-hit", "--speculation", "auto"],
+        ["--soak", "3", "--require-cache-hit"],
+    ):
+        with pytest.raises(SystemExit):
+            sparkseal_cli.main(["live-check", "http://127.0.0.1:1", *args])
+    profiled, plain = ran
+    assert (profiled.soak, profiled.require_cache_hit, profiled.speculation) == (3, False, "auto")
+    assert (profiled.max_tokens, profiled.context_tokens, profiled.timeout) == (64, 660_000, 60.0)
+    assert (plain.soak, plain.require_cache_hit, plain.max_tokens, plain.context_tokens) == (
+        3,
+        True,
+        32,
+        None,
+    )
+    assert plain == Options(url="http://127.0.0.1:1", soak=3, require_cache_hit=True)
