@@ -27,9 +27,12 @@ start)
     shift 2
     mkdir -p "$jobs/$name"
     rm -f "$jobs/$name/rc"
-    # setsid: the job is in a session of its own, so the end of this command does not end it.
-    setsid bash -c 'cd "$1"; shift; "$@" >"'"$jobs/$name"'/log" 2>&1; echo $? >"'"$jobs/$name"'/rc"' \
-        _ "$PWD" "$@" </dev/null >/dev/null 2>&1 &
+    # setsid: the job is in a session of its own, so the end of this command does not end it. The inner
+    # script expands its own arguments (the job folder, the working directory, the command), hence the
+    # single quotes.
+    # shellcheck disable=SC2016
+    setsid bash -c 'dir=$1; cd "$2"; shift 2; "$@" >"$dir/log" 2>&1; echo $? >"$dir/rc"' \
+        _ "$jobs/$name" "$PWD" "$@" </dev/null >/dev/null 2>&1 &
     echo $! >"$jobs/$name/pid"
     echo "device: job $name started (pid $(cat "$jobs/$name/pid"))"
     ;;
@@ -39,7 +42,7 @@ wait)
     [ -d "$jobs/$name" ] || { echo "device: no job $name" >&2; exit 2; }
     end=$((SECONDS + seconds))
     while [ ! -f "$jobs/$name/rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
-    tail -n 40 "$jobs/$name/log"
+    tail -n 80 "$jobs/$name/log"
     if [ -f "$jobs/$name/rc" ]; then
         echo "device: job $name ended with status $(cat "$jobs/$name/rc")"
         exit 0

@@ -21,6 +21,13 @@ run() { # NAME BACKEND SEED
     echo "== $name: exit $? after $((SECONDS - t0)) s"
     # A summary for the console: a run whose log has none of these lines has said why above.
     grep -h "healthy after\|live-check exit\|not healthy\|exited with status" "$results/$name.log" || true
+    local logs=("$results/$name"/serve-dsv4/*.server.log)
+    if [ -e "${logs[0]}" ]; then
+        python3 bench/vllm_backend/probe_report.py "${logs[@]}" >"$results/$name.probe.txt" 2>&1
+        # The lines that decide: groups, the last context positions, changes, NaN rows.
+        grep -m 60 "gid \|pos 6[0-9] \|CHANGED\|NaN rows \[[0-9]\|error" "$results/$name.probe.txt" |
+            cut -c1-400
+    fi
 }
 START_DEADLINE=${FIRST_START_DEADLINE:-900} run a CUSTOM 0
 export START_DEADLINE=${START_DEADLINE:-600}
