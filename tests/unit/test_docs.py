@@ -210,13 +210,14 @@ def path_problems(root: Path, code: str) -> list[str]:
     A path alone is read whole; in a longer span or a command, every word that names a file (``pytest
     tests/unit/test_x.py``) or a folder ending in ``/``: a name like the registry repository
     ``sparkseal/vllm`` in a message is no path. A ``--flag=`` before a path, a ``:LINE`` or ``::test``
-    after it, quotes and trailing punctuation are not part of it. Paths of other trees (``vllm/v1/...``,
-    ``/usr/bin``) and placeholders are left alone.
+    after it, quotes, brackets and trailing punctuation are not part of it. Paths of other trees
+    (``vllm/v1/...``, ``/usr/bin``) and placeholders are left alone.
     """
     problems = []
     words = code.split()
     for word in words:
-        path = re.sub(r"^--?[\w-]+=", "", word.strip("\"'()[]")).rstrip(".,:;")
+        # `(path):` and `path),` in a quoted message: the closing bracket comes before the punctuation
+        path = re.sub(r"^--?[\w-]+=", "", word.strip("\"'()[]")).rstrip(".,:;\"')]")
         path = re.sub(r"(?:::\S*|:\d+(?::\d+)?)$", "", path)
         if "/" not in path or path.startswith("/") or "://" in path or PLACEHOLDER.search(path):
             continue
@@ -386,6 +387,7 @@ def planted(tmp_path: Path) -> Path:
         "`tests/here.py`, `tests/gone.py`, `tests/<kind>/x.py` and `make image`.\n"
         "Misspelt: `sparksel/cli.py`, `pytest test/here.py -q` and `pytest tests/gone.py::t`; "
         "`vllm/v1/x.py` is upstream's.\n"
+        "A quoted message: `where (tests/here.py): x`, `see tests/here.py), then (tests/gone.py);`.\n"
     )
     (tmp_path / "docs" / "a.md").write_text(
         "# A page\n\n## Real heading\n\n"
@@ -416,6 +418,7 @@ def test_a_planted_break_of_each_kind_is_named(planted: Path) -> None:
         "README.md:7: sparksel/cli.py does not exist: no folder sparksel/ (did you mean sparkseal/?)",
         "README.md:7: test/here.py does not exist: no folder test/ (did you mean tests/?)",
         "README.md:7: tests/gone.py does not exist",
+        "README.md:8: tests/gone.py does not exist",
         "docs/a.md:7: sparkseal no-such-command: no such command",
         "docs/a.md:8: sparkseal provenance check: no option --no-such-option",
         "docs/a.md:9: sparkseal provenance chek: no such command",

@@ -193,3 +193,16 @@ def test_switch_and_smem_cap_settings() -> None:
     for bad in ("-1", "99KB"):
         with pytest.raises(rules.UnsupportedConfiguration, match=rf"expected a byte count >= 0, got '{bad}'"):
             rules.max_smem_bytes({rules.MAX_SMEM_ENV: bad})
+
+
+def test_the_serving_page_quotes_the_v4_speculative_refusal_as_the_code_words_it() -> None:
+    """docs/serving.md quotes the start-up refusal of a V4 target under speculative decoding word for word
+    (the layer's name as LAYER): a reworded reason must reach the page in the same change."""
+    reason = rules.dsv4_speculative_reason(speculative=True, draft=False, environ={})
+    assert reason is not None
+    page = (Path(__file__).resolve().parents[2] / "docs/serving.md").read_text()
+    assert f"\nLAYER: {reason}\n" in page
+    assert (
+        rules.dsv4_speculative_reason(speculative=True, draft=False, environ={rules.V4_SPECULATIVE_ENV: "1"})
+        is None
+    )
