@@ -10,10 +10,11 @@
 #   bench/live/device.sh wait NAME SECONDS       wait up to SECONDS for job NAME; exit 0 when it ended (its own
 #                                                status printed), 3 while it still runs; the log's tail either way
 #   bench/live/device.sh caches OUT [MIB]        the warm-up's compile caches (FlashInfer, Triton, TileLang,
-#                                                torch.compile, CUDA's) as OUT/caches.tar.xz.NN, parts of MIB
-#                                                (default 15) of one stream, and OUT/caches.txt (each cache's size)
-#   bench/live/device.sh restore DIR             unpack the caches.tar.xz.NN parts in DIR into this machine's
-#                                                home, before a server starts
+#                                                vLLM's torch.compile, TVM FFI, CUDA's, Inductor's) as
+#                                                OUT/caches.tar.xz.NN, parts of MIB (default 15) of one stream,
+#                                                and OUT/caches.txt (each cache's size)
+#   bench/live/device.sh restore DIR             unpack the caches.tar.xz.NN parts in DIR where they were, before
+#                                                a server starts
 set -euo pipefail
 
 jobs=/tmp/sparkseal-jobs
@@ -56,18 +57,16 @@ caches)
     mkdir -p "$out"
     present=()
     : >"$out/caches.txt"
-    for dir in "${cache_dirs[@]}"; do
-        if [ -d "$HOME/$dir" ]; then
-            present+=("$dir")
-            du -sb "$HOME/$dir" | awk -v d="~/$dir" '{print $1, d}' >>"$out/caches.txt"
+    for dir in "${cache_dirs[@]/#/$HOME/}" /tmp/torchinductor_*; do
+        if [ -d "$dir" ]; then
+            present+=("${dir#/}")
+            du -sb "$dir" >>"$out/caches.txt"
         fi
     done
-    inductor=(/tmp/torchinductor_*)
-    [ -e "${inductor[0]}" ] && du -sb "${inductor[@]}" >>"$out/caches.txt"
     cat "$out/caches.txt"
     if [ ${#present[@]} -gt 0 ]; then
-        # One xz stream of one tar, cut into parts (the transfer limits files, not streams).
-        tar -C "$HOME" -cf - "${present[@]}" | xz -T0 -6 | split -b "${mib}M" -d -a 2 - "$out/caches.tar.xz."
+        # One xz stream of one tar (paths from /), cut into parts (the transfer limits files, not streams).
+        tar -C / -cf - "${present[@]}" | xz -T0 -6 | split -b "${mib}M" -d -a 2 - "$out/caches.tar.xz."
         ls -l "$out"/caches.tar.xz.*
     fi
     ;;
@@ -75,7 +74,7 @@ restore)
     dir=$2
     parts=("$dir"/caches.tar.xz.[0-9][0-9])
     [ -e "${parts[0]}" ] || { echo "device: no cache parts in $dir" >&2; exit 2; }
-    cat "${parts[@]}" | xz -d | tar -C "$HOME" -xf -
+    cat "${parts[@]}" | xz -d | tar -C / -xf -
     echo "device: caches restored from ${#parts[@]} parts"
     ;;
 *)

@@ -176,8 +176,12 @@ nan-dsv4-dspark)
     env=(--env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 --env SPARKSEAL_SAMPLER_NAN=1 --env SPARKSEAL_DSPARK_PROBE=1
         --env "SPARKSEAL_SPARSE_MLA_V4_DEBUG=$v4_out/$name-dumps")
     [ "$seed" = 0 ] || env+=(--env "SPARKSEAL_SEEDED_WEIGHTS=$seed")
+    # EAGER=0 keeps vLLM's CUDA graphs (the probe then sees the eager parts of each step only).
+    eager=()
+    [ "${EAGER:-1}" = 0 ] || eager=(--vllm-arg=--enforce-eager)
+    [ "${EAGER:-1}" = 0 ] && name=$name-graphs
     serve_v4 --name "$name" --dspark --draft-attention-backend "$backend" --vllm-arg=--attention-backend \
-        --vllm-arg="$backend" --vllm-arg=--enforce-eager "${env[@]}" \
+        --vllm-arg="$backend" ${eager[@]+"${eager[@]}"} "${env[@]}" \
         --check "$name:--speculation required --concurrency $conc --soak $soak ${v4_long[*]}"
     log_lines "sparkseal debug\|sampler-nan\|seeded-weights\|Error\|error" "$v4_out/$name.server.log" | sed -n 1,60p
     dumps=("$v4_out/$name-dumps"/*.pt)

@@ -6,8 +6,9 @@ For each log: the KV-cache groups (block and kernel block sizes, which hold the 
 draft step and draft layer each described context position with the slot the insert wrote, the slot in
 kernel-block units, the slot the draft decode reads, and the record before the insert, after it and after
 the draft step (``ok`` for a written record: scale bytes set, no NaN; else what is wrong); then every watched
-record that changed and the call that changed it; the NaN rows of the target's hidden states and of the plain
-sampler's logits. Standard library only.
+record that changed and the call that changed it; the NaN rows of the target's hidden states, of each op of
+DSpark's combine step and of the plain sampler's logits; the target ops whose output first held a NaN row or
+was all zeros. Standard library only.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def state(summary: dict[str, Any] | None) -> str:
     return ", ".join(problems)
 
 
+def rows(fields: dict[str, Any]) -> str:
+    """A tensor's rows as the probe described them: NaN rows, all-zero rows, largest magnitude."""
+    return (
+        f"{fields['rows']} rows, NaN rows {fields['nan_rows']}, {fields['zero_rows']} all-zero, "
+        f"max {fields['absmax']:.3g}"
+    )
+
+
 def report(path: Path) -> list[str]:
     out = [f"== {path}"]
     for event in events(path):
@@ -87,6 +96,16 @@ def report(path: Path) -> list[str]:
                 f"pos {event['position']} slot {event['slot']}: {state(event['before'])} -> "
                 f"{state(event['after'])}"
             )
+        elif kind == "combine":
+            parts = [f"aux {i}: {rows(a)}" for i, a in enumerate(event.get("aux", []))]
+            parts += [
+                f"{name}: {rows(event[name])}"
+                for name in ("main_proj", "main_norm", "last_hidden")
+                if name in event
+            ]
+            out.append(f"combine step {event['step']} ({event['tokens']} tokens): " + "; ".join(parts))
+        elif kind == "target":
+            out.append(f"TARGET after {event['proposes']} draft steps, {event['where']}: {rows(event)}")
         elif kind == "hidden":
             out.append(f"hidden step {event['step']}: {event['rows']} rows, NaN rows {event['nan_rows']}")
         elif kind == "sampler":

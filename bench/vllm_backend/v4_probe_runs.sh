@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The DeepSeek V4 + DSpark probe runs of bench/results/vllm_backend.md section 6, one after the other, on a
 # GPU machine where bench/live/h200.sh install has staged the wheels. Started as a job that outlives one
-# remote command (bench/live/device.sh start v4 bench/vllm_backend/v4_probe_runs.sh RESULTS):
+# remote command (bench/live/device.sh start v4 bench/vllm_backend/v4_probe_runs.sh RESULTS [RUN ...]):
 #   a  target and draft on our class, vLLM's dummy weights, one client (the failing configuration)
 #   k  the same with SPARKSEAL_DSPARK_KERNEL_BLOCKS=1, only where run a's probe saw a draft KV-cache group
 #      whose block size is not its kernel block size
 #   s  run a with seeded, non-flat weights (SPARKSEAL_SEEDED_WEIGHTS=1)
 #   f  both on vLLM's FlashMLA class, dummy weights, one client (the control)
-# Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in RESULTS/NAME.log; then
-# the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
+#   g  run f with vLLM's CUDA graphs (EAGER=0): the configuration that served 120 of 120 in section 4c
+#   z  run a with every KV cache zeroed after vLLM's warm-up (SPARKSEAL_ZERO_KV_AFTER_WARMUP=1)
+#   y  run f likewise
+# RUNs default to "a z f y". Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
+# RESULTS/NAME.log; then the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
+# CACHES=DIR first restores the caches a previous machine saved (bench/live/device.sh restore DIR).
 set -uo pipefail
 
 results=${1:?usage: $0 RESULTS}
@@ -25,13 +29,15 @@ run() { # NAME BACKEND SEED
     if [ -e "${logs[0]}" ]; then
         python3 bench/vllm_backend/probe_report.py "${logs[@]}" >"$results/$name.probe.txt" 2>&1
         # The lines that decide: groups, the last context positions, changes, NaN rows.
-        grep -m 60 "gid \|pos 6[0-9] \|CHANGED\|NaN rows \[[0-9]\|error" "$results/$name.probe.txt" |
+        grep -m 60 "null-block\|engine-ready\|zeroed\|CHANGED\|NaN rows \[[0-9]\|TARGET\|combine\|error" \
+            "$results/$name.probe.txt" |
             cut -c1-400
     fi
 }
-START_DEADLINE=${FIRST_START_DEADLINE:-900} run a CUSTOM 0
-export START_DEADLINE=${START_DEADLINE:-600}
-mismatch=$(python3 - "$results"/a/serve-dsv4/*.server.log <<'PY'
+kernel_blocks() {
+    # Run k only where run a's probe saw a draft group whose block size is not its kernel block size.
+    local mismatch
+    mismatch=$(python3 - "$results"/a/serve-dsv4/*.server.log <<'PY'
 import json, sys
 for path in sys.argv[1:]:
     for line in open(path, errors="replace"):
@@ -42,9 +48,27 @@ for path in sys.argv[1:]:
             raise SystemExit
 print("unknown")
 PY
-)
-echo "== draft groups whose block size is not the kernel's: $mismatch"
-if [ "$mismatch" != 0 ]; then SPARKSEAL_DSPARK_KERNEL_BLOCKS=1 run k CUSTOM 0; fi
-run s CUSTOM 1
-run f FLASHMLA_SPARSE_DSV4 0
+    )
+    echo "== draft groups whose block size is not the kernel's: $mismatch"
+    if [ "$mismatch" != 0 ]; then SPARKSEAL_DSPARK_KERNEL_BLOCKS=1 run k CUSTOM 0; fi
+}
+if [ -n "${CACHES:-}" ]; then bench/live/device.sh restore "$CACHES"; fi
+shift
+runs=${*:-a z f y}
+first=${FIRST_START_DEADLINE:-900}
+export START_DEADLINE=${START_DEADLINE:-600}
+for name in $runs; do
+    case $name in
+    a) START_DEADLINE=$first run a CUSTOM 0 ;;
+    k) kernel_blocks ;;
+    s) START_DEADLINE=$first run s CUSTOM 1 ;;
+    f) START_DEADLINE=$first run f FLASHMLA_SPARSE_DSV4 0 ;;
+    g) EAGER=0 START_DEADLINE=$first run g FLASHMLA_SPARSE_DSV4 0 ;;
+    z) SPARKSEAL_ZERO_KV_AFTER_WARMUP=1 START_DEADLINE=$first run z CUSTOM 0 ;;
+    y) SPARKSEAL_ZERO_KV_AFTER_WARMUP=1 START_DEADLINE=$first run y FLASHMLA_SPARSE_DSV4 0 ;;
+    *) echo "v4_probe_runs: unknown run $name" >&2 ;;
+    esac
+    # Only the machine's first server compiles the warm-up's kernels.
+    first=$START_DEADLINE
+done
 bench/live/device.sh caches "$results/caches"

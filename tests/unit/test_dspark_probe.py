@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -110,3 +111,63 @@ def test_a_watched_record_changed_by_a_call_is_reported_with_that_call(capsys, m
     # Re-snapshotted: the same bytes are no news the second time.
     Layer().forward()
     assert capsys.readouterr().err == ""
+
+
+def test_a_record_whose_block_was_freed_and_handed_on_is_dropped_not_reported(capsys, monkeypatch) -> None:
+    cache = page_cache(4)
+    write_record(cache, 65, bytes([7]) * 576, bytes([105] * 7 + [0]))
+    monkeypatch.setattr(dspark_probe, "capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setitem(dspark_probe._state, "changes", 0)
+    monkeypatch.setitem(dspark_probe._state, "freed", 0)
+    # The live block table of group 2 no longer holds block 1 (slot 65's block): it went to another group.
+    tables = SimpleNamespace(input_block_tables={2: torch.tensor([[3, 0], [0, 0]], dtype=torch.int32)})
+    monkeypatch.setitem(dspark_probe._state, "block_tables", tables)
+    entry = {
+        "layer": "model.layers.6.attn.swa_cache",
+        "gid": 2,
+        "block": BLOCK,
+        "cache": cache,
+        "slots": torch.tensor([65]),
+        "positions": [65],
+        "bytes": dspark_probe.records(cache, torch.tensor([65])).clone(),
+    }
+    monkeypatch.setitem(dspark_probe._state, "watch", [entry])
+    write_record(cache, 65, bytes([9]) * 576, bytes([106] * 7 + [0]))
+    dspark_probe.check_watch("K insert model.layers.7.attn")
+    assert capsys.readouterr().err == ""
+    assert dspark_probe._state["freed"] == 1
+    # While the block is live, the same write is news.
+    tables.input_block_tables[2][1, 0] = 1
+    write_record(cache, 65, bytes([11]) * 576, bytes([106] * 7 + [0]))
+    dspark_probe.check_watch("K insert model.layers.7.attn")
+    assert '"kind": "changed", "where": "K insert model.layers.7.attn"' in capsys.readouterr().err
+
+
+def test_rows_state_names_nan_and_all_zero_rows() -> None:
+    tensor = torch.zeros(4, 2, 3)
+    tensor[1, 0, 2] = float("nan")
+    tensor[3, 1, 1] = -2.5
+    assert dspark_probe.rows_state(tensor) == {"rows": 4, "nan_rows": [1], "zero_rows": 2, "absmax": 2.5}
+
+
+def test_the_null_block_report_names_layers_whose_block_0_is_not_zero(capsys, monkeypatch) -> None:
+    clean, dirty = torch.zeros(3, 4, 8), torch.zeros(3, 4, 8)
+    dirty[0, 1, 2] = float("nan")
+    dirty[2, 0, 0] = 1.0  # a live block: not the null block's business
+    layers = {
+        "model.layers.0.attn.swa_cache": SimpleNamespace(kv_cache=clean),
+        "model.layers.6.attn.swa_cache": SimpleNamespace(kv_cache=dirty),
+        "model.layers.1.attn": SimpleNamespace(kv_cache=torch.tensor([])),
+    }
+    config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context=layers))
+    monkeypatch.setitem(dspark_probe._state, "vllm_config", config)
+    dspark_probe.null_block_report("after warm-up")
+    event = json.loads(capsys.readouterr().err.removeprefix("[dspark-probe] "))
+    # One float32 NaN (0x7fc00000) is four bytes, two of them non-zero.
+    assert event == {
+        "kind": "null-block",
+        "where": "after warm-up",
+        "layers": 2,
+        "dirty": {"model.layers.6.attn.swa_cache": 2},
+    }

@@ -92,3 +92,21 @@ def test_a_record_that_was_never_written_and_one_overwritten_are_named(tmp_path:
 def test_a_missing_log_is_named(tmp_path: Path, capsys) -> None:
     assert probe_report.main([str(tmp_path / "absent.log")]) == 2
     assert capsys.readouterr().err == f"probe_report: no such log: {tmp_path / 'absent.log'}\n"
+
+
+def test_the_combine_step_and_a_target_op_are_shown_op_by_op(tmp_path: Path) -> None:
+    zero = {"rows": 2, "nan_rows": [], "zero_rows": 2, "absmax": 0.0}
+    nan = {"rows": 2, "nan_rows": [0], "zero_rows": 1, "absmax": 0.0}
+    log = tmp_path / "server.log"
+    log.write_text(
+        line("combine", step=1, tokens=2, aux=[zero, zero], main_proj=nan, main_norm=nan)
+        + "\n"
+        + line("target", where="model.layers.2 output", proposes=0, **nan)
+        + "\n"
+    )
+    assert probe_report.report(log)[1:] == [
+        "combine step 1 (2 tokens): aux 0: 2 rows, NaN rows [], 2 all-zero, max 0; aux 1: 2 rows, "
+        "NaN rows [], 2 all-zero, max 0; main_proj: 2 rows, NaN rows [0], 1 all-zero, max 0; main_norm: "
+        "2 rows, NaN rows [0], 1 all-zero, max 0",
+        "TARGET after 0 draft steps, model.layers.2 output: 2 rows, NaN rows [0], 1 all-zero, max 0",
+    ]

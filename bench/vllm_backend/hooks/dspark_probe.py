@@ -15,11 +15,27 @@ section 5). This probe records, in the server log as ``[dspark-probe] {json}`` l
   584 bytes (as a summary, and in hex for the last position) before the insert, after it and after the
   draft step;
 - ``changed``: a watched record (the last context positions of each request, in every draft layer) whose
-  bytes changed after its insert, with the call that changed it (a V4 layer's K insert, its decode, the
-  whole layer, the draft step), so an overwrite is pinned to one call;
+  bytes changed after its insert while its block was still in a live request's block table, with the call
+  that changed it (a V4 layer's K insert, its decode, the whole layer, the draft step), so an overwrite is
+  pinned to one call; a record whose block was freed and handed to another request is dropped from the
+  watch (``freed``), since writing it is then legitimate;
 - ``hidden``: rows of the target's hidden states (after DSpark's ``combine_hidden_states``) that hold NaN;
+- ``combine``: the same step taken apart: each target aux hidden state the draft is fed, ``main_proj`` of
+  their concatenation and ``main_norm`` of that, each with its NaN rows, all-zero rows and largest magnitude;
+- ``target``: the first V4 decoder layers, attention and MoE calls and ``mhc_post`` results of the target's
+  forward (real steps only, not warm-up) whose output holds a NaN row or is all zeros, so the op that makes
+  the first bad row is named;
 - ``sampler``: NaN rows of the logits entering vLLM's plain sampler (a prefill's logits never reach the
   rejection sampler that ``SPARKSEAL_SAMPLER_NAN`` watches).
+
+- ``engine-ready``: the end of vLLM's start-up warm-up, which runs real steps with made-up requests (token ids
+  0, 1, ...) through the KV cache, block ids from 1 up, behind the scheduler's back. Every counter above
+  starts again there, so the steps described are the first real ones; ``null-block`` lists the KV caches
+  whose block 0 (the null block, which block tables point unused entries at) holds anything but zeros then,
+  and again after each described step.
+
+``SPARKSEAL_ZERO_KV_AFTER_WARMUP=1`` (an experiment, with the probe): every KV cache is zeroed at
+``engine-ready``, so no real request can read what the warm-up left.
 
 ``SPARKSEAL_DSPARK_KERNEL_BLOCKS=1`` (an experiment, with the probe): the speculator's input preparation is
 given each draft group's kernel block size instead of its KV-manager block size, the units its block table
@@ -43,6 +59,10 @@ ATTENTION_MODULE = "vllm.models.deepseek_v4.attention"
 FLASHMLA_MODULE = "vllm.models.deepseek_v4.nvidia.flashmla"
 SAMPLER_MODULE = "vllm.v1.worker.gpu.sample.sampler"
 OURS_MODULE = "sparkseal.vllm_integration.vllm_dsv4"
+MODEL_MODULE = "vllm.models.deepseek_v4.nvidia.model"
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+ZERO_ENV = "SPARKSEAL_ZERO_KV_AFTER_WARMUP"
+MAX_TARGET_EVENTS = 60
 
 # How many real draft steps are described, how many context positions per request (the last ones), how
 # many records are watched at most, and how many ``changed`` lines are written.
@@ -52,7 +72,16 @@ MAX_WATCHED = 96
 MAX_CHANGES = 40
 NOPE, ROPE_BYTES, DATA, SCALES = 448, 128, 576, 8
 
-_state: dict[str, Any] = {"steps": 0, "proposes": 0, "changes": 0, "checks": 0, "watch": [], "sampler": 0}
+_state: dict[str, Any] = {
+    "steps": 0,
+    "proposes": 0,
+    "changes": 0,
+    "checks": 0,
+    "watch": [],
+    "sampler": 0,
+    "target_events": 0,
+    "freed": 0,
+}
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -111,7 +140,12 @@ def check_watch(where: str) -> None:
             differs = (now != entry["bytes"]).any(dim=1)
             if not bool(differs.any()):
                 continue
+            live = live_blocks(entry)
             for row in differs.nonzero().flatten().tolist():
+                if live is not None and int(entry["slots"][row]) // entry["block"] not in live:
+                    # The block was freed and handed on: its new owner writes it legitimately.
+                    _state["freed"] += 1
+                    continue
                 _state["changes"] += 1
                 emit(
                     "changed",
@@ -128,6 +162,15 @@ def check_watch(where: str) -> None:
             entry["bytes"] = now
     except Exception as error:  # the probe must not change what the server does
         emit("error", where=f"check {where}", error=repr(error))
+
+
+def live_blocks(entry: dict[str, Any]) -> set[int] | None:
+    """The block ids in the live block table of the watched record's KV-cache group (``None``: unknown)."""
+    tables = _state.get("block_tables")
+    gid = entry.get("gid")
+    if tables is None or gid is None:
+        return None
+    return set(tables.input_block_tables[gid].flatten().tolist()) - {0}
 
 
 def wrap_method(cls: Any, name: str, label: Any) -> None:
@@ -235,6 +278,10 @@ def _patch_speculator(module: Any) -> None:
             return propose(self, input_batch, *args, **kwargs)
         _state["steps"] += 1
         step = _state["steps"]
+        try:
+            _combine(self, input_batch, args, kwargs, step)
+        except Exception as error:
+            emit("error", where="combine", error=repr(error))
         model = self.model
         precompute = model.precompute_and_store_context_kv
         seen: dict[str, Any] = {}
@@ -260,6 +307,7 @@ def _patch_speculator(module: Any) -> None:
             torch.cuda.synchronize()
             _after_draft(self, seen, step)
             check_watch(f"draft step {step}")
+            null_block_report(f"draft step {step}")
         except Exception as error:
             emit("error", where="after draft", error=repr(error))
         return out
@@ -285,6 +333,151 @@ def _patch_speculator(module: Any) -> None:
             return prepare(*args)
 
         module.prepare_dflash_inputs = kernel_blocks
+
+
+def rows_state(tensor: Any) -> dict[str, Any]:
+    """NaN rows, all-zero rows and the largest finite magnitude of a ``[T, ...]`` tensor."""
+    import torch
+
+    flat = tensor.float().reshape(tensor.shape[0], -1)
+    nan = torch.isnan(flat).any(dim=1)
+    zero = (flat == 0).all(dim=1)
+    return {
+        "rows": int(flat.shape[0]),
+        "nan_rows": nan.nonzero().flatten().tolist()[:32],
+        "zero_rows": int(zero.sum()),
+        "absmax": float(flat.nan_to_num(0).abs().max()) if flat.numel() else 0.0,
+    }
+
+
+def _combine(spec: Any, input_batch: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
+    """What DSpark's ``combine_hidden_states`` is fed and gives, op by op, for this step's target rows."""
+    import torch
+
+    # propose(input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, ...)
+    last = args[2] if len(args) > 2 else kwargs.get("last_hidden_states")
+    aux = args[3] if len(args) > 3 else kwargs.get("aux_hidden_states")
+    n = input_batch.num_tokens
+    inner = spec.model.model
+    fields: dict[str, Any] = {"step": step, "tokens": n}
+    if last is not None:
+        fields["last_hidden"] = rows_state(last[:n])
+    if aux:
+        fields["aux"] = [rows_state(a[:n]) for a in aux]
+        with torch.inference_mode():
+            projected = inner.main_proj(torch.cat([a[:n] for a in aux], dim=-1))
+            fields["main_proj"] = rows_state(projected)
+            fields["main_norm"] = rows_state(inner.main_norm(projected))
+    emit("combine", **fields)
+
+
+def _target_check(label: str, tensor: Any) -> None:
+    """Report ``tensor`` (an op's output in a real target step) if it holds a NaN row or is all zeros."""
+    if _state["target_events"] >= MAX_TARGET_EVENTS or capturing() or tensor is None:
+        return
+    try:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available() or not isinstance(get_forward_context().attn_metadata, dict):
+            return  # warm-up and profiling runs carry no metadata
+        import torch
+
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
+            return
+        state = rows_state(tensor)
+        if state["nan_rows"] or state["zero_rows"] == state["rows"]:
+            _state["target_events"] += 1
+            emit("target", where=label, proposes=_state["proposes"], **state)
+    except Exception as error:
+        emit("error", where=f"target {label}", error=repr(error))
+
+
+def _patch_model(module: Any) -> None:
+    """Check the V4 decoder layers', MoE's and ``mhc_post``'s outputs of real target steps."""
+    layer_cls, moe_cls = module.DeepseekV4DecoderLayer, module.DeepseekV4MoE
+    layer_forward, moe_forward, post = layer_cls.forward, moe_cls.forward, module.mhc_post_tilelang
+
+    def layer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = layer_forward(self, *args, **kwargs)
+        name = str(getattr(self.attn, "prefix", "layer")).removesuffix(".attn")
+        _target_check(f"{name} output", out[0])
+        _target_check(f"{name} residual", out[1])
+        return out
+
+    def moe(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = moe_forward(self, *args, **kwargs)
+        _target_check(f"{getattr(self, 'prefix', 'moe')} (MoE)", out)
+        return out
+
+    def mhc_post(*args: Any, **kwargs: Any) -> Any:
+        out = post(*args, **kwargs)
+        _target_check("mhc_post", out)
+        return out
+
+    layer_cls.forward = layer
+    moe_cls.forward = moe
+    module.mhc_post_tilelang = mhc_post
+
+
+def _kv_layers() -> dict[str, Any]:
+    """Every layer's KV cache tensor by layer name (vLLM's static forward context)."""
+    config = _state.get("vllm_config")
+    if config is None:
+        return {}
+    context = config.compilation_config.static_forward_context
+    out = {}
+    for name, layer in context.items():
+        cache = getattr(layer, "kv_cache", None)
+        if hasattr(cache, "dim") and cache.dim() >= 2 and cache.shape[0] > 0:
+            out[name] = cache
+    return out
+
+
+def null_block_report(where: str) -> None:
+    """Name the KV caches whose block 0 (the null block) holds anything but zeros."""
+    import torch
+
+    dirty = {}
+    for name, cache in _kv_layers().items():
+        block = cache[0]
+        raw = block.view(torch.uint8) if block.is_contiguous() else block.contiguous().view(torch.uint8)
+        nonzero = int((raw != 0).sum())
+        if nonzero:
+            dirty[name] = nonzero
+    emit("null-block", where=where, layers=len(_kv_layers()), dirty=dirty)
+
+
+def _patch_worker(module: Any) -> None:
+    """Mark the end of the warm-up: counters start again, block 0 is inspected, caches zeroed on request."""
+    import torch
+
+    cls = module.Worker
+    warm_up = cls.compile_or_warm_up_model
+
+    def probe_warm_up(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = warm_up(self, *args, **kwargs)
+        try:
+            _state["vllm_config"] = self.vllm_config
+            emit(
+                "engine-ready",
+                proposes=_state["proposes"],
+                steps=_state["steps"],
+                target_events=_state["target_events"],
+            )
+            null_block_report("after warm-up")
+            if os.environ.get(ZERO_ENV) == "1":
+                for cache in _kv_layers().values():
+                    cache.zero_()
+                torch.cuda.synchronize()
+                emit("zeroed", layers=len(_kv_layers()))
+            for key in ("steps", "proposes", "changes", "checks", "sampler", "target_events", "freed"):
+                _state[key] = 0
+            _state["watch"] = []
+        except Exception as error:
+            emit("error", where="engine-ready", error=repr(error))
+        return out
+
+    cls.compile_or_warm_up_model = probe_warm_up
 
 
 def _before_insert(spec: Any, input_batch: Any, states: Any, positions: Any, slots: Any) -> dict[str, Any]:
@@ -320,6 +513,12 @@ def _before_insert(spec: Any, input_batch: Any, states: Any, positions: Any, slo
             for layer, s in zip(layers, slot_list, strict=True)
         ],
         "num_reqs": num_reqs,
+        "gids": [
+            spec.draft_kv_cache_group_ids[
+                spec._layer_group_idx[i] if spec._layer_group_idx is not None else 0
+            ]
+            for i in range(len(layers))
+        ],
         "block_table_rows": {
             gid: spec.block_tables.input_block_tables[gid][:num_reqs, :4].tolist()
             for gid in spec.draft_kv_cache_group_ids
@@ -332,7 +531,7 @@ def _after_insert(spec: Any, seen: dict[str, Any], step: int) -> None:
 
     torch.cuda.synchronize()
     seen["after"] = []
-    for layer, slots in zip(seen["layers"], seen["slots"], strict=True):
+    for index, (layer, slots) in enumerate(zip(seen["layers"], seen["slots"], strict=True)):
         if slots is None:
             seen["after"].append(None)
             continue
@@ -345,6 +544,8 @@ def _after_insert(spec: Any, seen: dict[str, Any], step: int) -> None:
             _state["watch"].append(
                 {
                     "layer": layer.attn.swa_cache_layer.prefix,
+                    "gid": seen["gids"][index],
+                    "block": cache.shape[1],
                     "cache": cache,
                     "slots": slots[keep],
                     "positions": [seen["positions"][i] for i in keep.tolist()],
@@ -465,6 +666,14 @@ def _patch_sampler(module: Any) -> None:
 def _patch_attention(module: Any) -> None:
     cls = module.DeepseekV4Attention
     wrap_method(cls, "forward", lambda self: f"layer {_prefix(self)}")
+    forward = cls.forward
+
+    def attention(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = forward(self, *args, **kwargs)
+        _target_check(f"{_prefix(self)} (attention)", out)
+        return out
+
+    cls.forward = attention
     wrap_method(cls, "_fused_qnorm_rope_kv_insert", lambda self: f"K insert {_prefix(self)}")
 
 
@@ -482,4 +691,6 @@ PATCHES = {
     ATTENTION_MODULE: _patch_attention,
     FLASHMLA_MODULE: _patch_flashmla,
     OURS_MODULE: _patch_ours,
+    MODEL_MODULE: _patch_model,
+    WORKER_MODULE: _patch_worker,
 }
