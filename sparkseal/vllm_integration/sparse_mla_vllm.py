@@ -180,23 +180,22 @@ def dsv4_speculative_reason(
 
     On vLLM 0.25.1, a tiny V4 served on an H200 machine with a DSpark draft and the target's layers on
     our class died at its first verification steps (a device-side assert after NaN target logits), whether
-    the draft ran our class or FlashMLA's; vLLM's own class served the pair one request at a time and died
-    the same way at 8. With our class's debug switch (``vllm_dsv4_debug``) the first NaN was traced to the
-    draft's window cache: the record of the prompt's last position held a NaN latent (RoPE bytes 0x7FFF)
-    in all three draft layers, and our kernel and FlashMLA's both gave NaN rows on those exact inputs
-    (``bench/results/vllm_backend.md``, 5). So the kernel is not the cause, but the pairing is not shown to
-    work: refusing at start-up beats an engine that dies at its first request. A draft's own layers are
-    not refused.
+    the draft ran our class or FlashMLA's (``bench/results/vllm_backend.md``, 4c and 5). Section 6 then
+    found the same death with vLLM's own FlashMLA class for target and draft, one request at a time, eager:
+    NaN rows appear in the target's hidden states (the target's layers before the first decode call), the
+    draft's context records take them in, and every correct kernel turns those into NaN rows. Our kernel
+    is not the cause, and vLLM's class is no way out on this vLLM; the pairing is not shown to work on any
+    class, so refusing at start-up beats an engine that dies at its first request. A draft's own layers
+    are not refused.
     """
     if not speculative or draft or _flag(V4_SPECULATIVE_ENV, environ):
         return None
     return (
         f"{DSV4_WHERE}: speculative decoding with the target's layers on this kernel: expected no "
-        "--speculative-config (on vLLM 0.25.1 with a DSpark draft, the draft's cache held a NaN record "
-        "at the prompt's last position, which this kernel and FlashMLA's both turn into NaN rows, and the "
-        "engine died at its first verification steps; bench/results/vllm_backend.md, 5); serve the target "
-        f"on vLLM's V4 class (no --attention-backend CUSTOM and {SWITCH_ENV} unset, or FLASHMLA_SPARSE_DSV4 "
-        f"on an H200), or set {V4_SPECULATIVE_ENV}=1 to reproduce the failure"
+        "--speculative-config (on vLLM 0.25.1 a DeepSeek V4 target with a DSpark draft makes NaN target "
+        "logits and the engine dies at its first verification steps, on this kernel and on vLLM's own "
+        "FlashMLA class alike; bench/results/vllm_backend.md, 5 and 6); serve DeepSeek V4 without "
+        f"speculative decoding, or set {V4_SPECULATIVE_ENV}=1 to reproduce the failure"
     )
 
 
