@@ -64,13 +64,20 @@ def test_the_summary_tells_an_unwritten_record_with_a_nan_rope_from_a_written_on
     )
 
 
-def test_a_watched_record_changed_by_a_call_is_reported_with_that_call(capsys, monkeypatch) -> None:
-    cache = page_cache(2)
-    write_record(cache, 65, bytes([7]) * 576, bytes([105] * 7 + [0]))
+@pytest.fixture
+def watching(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The probe's watch, run eagerly on CPU tensors with fresh counters."""
     monkeypatch.setattr(dspark_probe, "capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setitem(dspark_probe._state, "changes", 0)
-    monkeypatch.setitem(
+    monkeypatch.setitem(dspark_probe._state, "freed", 0)
+    return monkeypatch
+
+
+def test_a_watched_record_changed_by_a_call_is_reported_with_that_call(capsys, watching) -> None:
+    cache = page_cache(2)
+    write_record(cache, 65, bytes([7]) * 576, bytes([105] * 7 + [0]))
+    watching.setitem(
         dspark_probe._state,
         "watch",
         [
@@ -113,13 +120,10 @@ def test_a_watched_record_changed_by_a_call_is_reported_with_that_call(capsys, m
     assert capsys.readouterr().err == ""
 
 
-def test_a_record_whose_block_was_freed_and_handed_on_is_dropped_not_reported(capsys, monkeypatch) -> None:
+def test_a_record_whose_block_was_freed_and_handed_on_is_dropped_not_reported(capsys, watching) -> None:
     cache = page_cache(4)
     write_record(cache, 65, bytes([7]) * 576, bytes([105] * 7 + [0]))
-    monkeypatch.setattr(dspark_probe, "capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setitem(dspark_probe._state, "changes", 0)
-    monkeypatch.setitem(dspark_probe._state, "freed", 0)
+    monkeypatch = watching
     # The live block table of group 2 no longer holds block 1 (slot 65's block): it went to another group.
     tables = SimpleNamespace(input_block_tables={2: torch.tensor([[3, 0], [0, 0]], dtype=torch.int32)})
     monkeypatch.setitem(dspark_probe._state, "block_tables", tables)
