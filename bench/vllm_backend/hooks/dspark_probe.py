@@ -70,7 +70,7 @@ STEPS = int(os.environ.get("SPARKSEAL_DSPARK_PROBE_STEPS", "4"))
 LAST = 6
 MAX_WATCHED = 96
 MAX_CHANGES = 40
-NOPE, ROPE_BYTES, DATA, SCALES = 448, 128, 576, 8
+NOPE, DATA, SCALES = 448, 576, 8
 
 _state: dict[str, Any] = {
     "steps": 0,
@@ -103,6 +103,7 @@ def summary(record: Any) -> dict[str, Any]:
     rope_nan = ((rope16 & 0x7F80) == 0x7F80) & ((rope16 & 0x7F) != 0)
     return {
         "nope_zero": int((nope == 0).sum()),
+        # e4m3 -448 and +448: what the V4 insert's clamp leaves of a NaN (or saturated) value.
         "nope_fe": int(((nope == 0xFE) | (nope == 0x7E)).sum()),
         "nope_nan": int(((nope & 0x7F) == 0x7F).sum()),
         "scale": scale.tolist(),
