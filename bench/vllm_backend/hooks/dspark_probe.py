@@ -198,6 +198,8 @@ def _prefix(self: Any) -> str:
 
 
 def _groups(spec: Any, kv_cache_config: Any, block_tables: Any) -> None:
+    names_of = getattr(spec.model, "get_draft_kv_cache_layer_names", None)
+    draft_names = set(names_of()) if names_of is not None else set()
     groups = []
     for gid, group in enumerate(kv_cache_config.kv_cache_groups):
         names = list(group.layer_names)
@@ -209,9 +211,7 @@ def _groups(spec: Any, kv_cache_config: Any, block_tables: Any) -> None:
                 "kernel_block_size": block_tables.kernel_block_sizes[gid],
                 "layers": len(names),
                 "first_layers": names[:4],
-                "draft_layers": [n for n in names if n in set(spec.model.get_draft_kv_cache_layer_names())]
-                if hasattr(spec.model, "get_draft_kv_cache_layer_names")
-                else [],
+                "draft_layers": [n for n in names if n in draft_names],
             }
         )
     caches = []
@@ -583,6 +583,8 @@ def _reader_slots(spec: Any, seen: dict[str, Any]) -> dict[str, list[int | None]
 
 
 def _after_draft(spec: Any, seen: dict[str, Any], step: int) -> None:
+    import torch
+
     if "rows" not in seen:
         emit("error", where=f"draft step {step}", error="the context insert was not seen")
         return
@@ -615,7 +617,7 @@ def _after_draft(spec: Any, seen: dict[str, Any], step: int) -> None:
                 entry["after_draft"] = summary(now[i].cpu())
             read = readers[name][i]
             if read is not None and read >= 0 and (slots is None or read != int(slots[i])):
-                entry["read_record"] = summary(records(cache, __import__("torch").tensor([read]))[0].cpu())
+                entry["read_record"] = summary(records(cache, torch.tensor([read]))[0].cpu())
             rows.append(entry)
         last = max(range(len(rows)), key=lambda i: rows[i]["position"]) if rows else None
         emit(
