@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+from tests.disk_usage import DiskUsage, watched_paths
 
 CACHE = Path.home() / ".cache" / "sparkseal"
 # The real workspace's Bazel server lives as long as a session needs it (``real_workspace`` shuts it down
@@ -21,11 +22,13 @@ REAL_WORKSPACE_IDLE_SECS = 3600
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Without a GPU, Triton runs kernels in its interpreter.
+    """Without a GPU, Triton runs kernels in its interpreter; the run's disk use is reported at its end
+    (``tests/disk_usage.py``).
 
     Triton reads TRITON_INTERPRET once, when it is first imported (torch's custom-op machinery may import it
     early), so the choice is made here, before any test module loads, for the whole session.
     """
+    config.pluginmanager.register(DiskUsage(watched_paths(REPO)), "sparkseal-disk-usage")
     try:
         import torch
     except ImportError:
