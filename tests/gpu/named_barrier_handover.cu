@@ -13,18 +13,22 @@
 // In PTX's memory model a bar.arrive synchronises with the bar.sync that completes the same barrier, so
 // the handover is race-free; main() checks every consumer's result against the host's.
 //
-//   named_barrier_handover arrive   the handover above
-//   named_barrier_handover sync     a control: the same data flow with bar.sync on both sides (Q's
-//                                   EMPTY[1], then FULL[b] and EMPTY[b] per tile, in the same order for
-//                                   both roles)
+//   named_barrier_handover arrive [LAUNCHES]   the handover above
+//   named_barrier_handover sync [LAUNCHES]     a control: the same data flow with bar.sync on both sides
+//                                              (Q's EMPTY[1], then FULL[b] and EMPTY[b] per tile, in the
+//                                              same order for both roles)
+// LAUNCHES (default 1, at most 1024): the kernel is launched that many times, each launch's results checked.
+// racecheck sees only the interleavings that happen, so one launch may show it no hazard; more launches
+// give it more chances in one process.
 //
-// Exit status 0 and one "ok" line when every consumer got the value it should; 1 otherwise.
+// Exit status 0 and one "ok" line when every consumer got the value it should in every launch; 1 otherwise.
 // tests/gpu/test_sparse_mla_sanitizers.py builds it with nvcc and runs it under compute-sanitizer racecheck.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -126,9 +130,10 @@ __global__ void __launch_bounds__(kThreads) named_barrier_handover_kernel(const 
 }
 
 int main(int argc, char **argv) {
-  const bool arrive = argc == 2 && std::strcmp(argv[1], "arrive") == 0;
-  if (argc != 2 || (!arrive && std::strcmp(argv[1], "sync") != 0)) {
-    std::fprintf(stderr, "usage: %s arrive|sync\n", argv[0]);
+  const bool arrive = argc >= 2 && std::strcmp(argv[1], "arrive") == 0;
+  const int launches = argc == 3 ? std::atoi(argv[2]) : 1;
+  if (argc < 2 || argc > 3 || (!arrive && std::strcmp(argv[1], "sync") != 0) || launches < 1 || launches > 1024) {
+    std::fprintf(stderr, "usage: %s arrive|sync [LAUNCHES: 1..1024]\n", argv[0]);
     return 2;
   }
   constexpr int kOut = kBlocks * kConsumerThreads;
@@ -143,40 +148,46 @@ int main(int argc, char **argv) {
   if (err == cudaSuccess) {
     err = cudaMemcpy(q, q_host.data(), q_host.size() * sizeof(uint32_t), cudaMemcpyHostToDevice);
   }
-  if (err == cudaSuccess) err = cudaMemset(out, 0, kOut * sizeof(uint32_t));
-  if (err == cudaSuccess) {
-    if (arrive) {
-      named_barrier_handover_kernel<true><<<kBlocks, kThreads>>>(q, out);
-    } else {
-      named_barrier_handover_kernel<false><<<kBlocks, kThreads>>>(q, out);
-    }
-    err = cudaGetLastError();
-  }
-  std::vector<uint32_t> got(kOut);
-  if (err == cudaSuccess) err = cudaMemcpy(got.data(), out, kOut * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "named_barrier_handover %s: CUDA error %s\n", argv[1], cudaGetErrorString(err));
-    return 1;
-  }
-  int wrong = 0;
+  std::vector<uint32_t> expected(kOut);
   for (int block = 0; block < kBlocks; ++block) {
     for (int c = 0; c < kConsumerThreads; ++c) {
-      uint32_t expected = 0;
-      for (int k = 0; k < kQReads; ++k) expected = expected * 31u + q_value(block, q_index(c, k));
+      uint32_t acc = 0;
+      for (int k = 0; k < kQReads; ++k) acc = acc * 31u + q_value(block, q_index(c, k));
       for (int t = 0; t < kTiles; ++t) {
         for (int k = 0; k < kTileElems / kConsumerThreads; ++k) {
-          expected = expected * 31u + tile_value(block, t, read_index(c, k, t));
+          acc = acc * 31u + tile_value(block, t, read_index(c, k, t));
         }
       }
-      wrong += got[block * kConsumerThreads + c] != expected;
+      expected[block * kConsumerThreads + c] = acc;
+    }
+  }
+  std::vector<uint32_t> got(kOut);
+  for (int launch = 0; launch < launches && err == cudaSuccess; ++launch) {
+    err = cudaMemset(out, 0, kOut * sizeof(uint32_t));
+    if (err == cudaSuccess) {
+      if (arrive) {
+        named_barrier_handover_kernel<true><<<kBlocks, kThreads>>>(q, out);
+      } else {
+        named_barrier_handover_kernel<false><<<kBlocks, kThreads>>>(q, out);
+      }
+      err = cudaGetLastError();
+    }
+    if (err == cudaSuccess) err = cudaMemcpy(got.data(), out, kOut * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) break;
+    int wrong = 0;
+    for (int i = 0; i < kOut; ++i) wrong += got[i] != expected[i];
+    if (wrong != 0) {
+      std::printf("named_barrier_handover %s: launch %d: %d of %d consumer results wrong\n", argv[1], launch, wrong,
+                  kOut);
+      return 1;
     }
   }
   cudaFree(q);
   cudaFree(out);
-  if (wrong != 0) {
-    std::printf("named_barrier_handover %s: %d of %d consumer results wrong\n", argv[1], wrong, kOut);
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "named_barrier_handover %s: CUDA error %s\n", argv[1], cudaGetErrorString(err));
     return 1;
   }
-  std::printf("named_barrier_handover %s: ok (%d consumer results)\n", argv[1], kOut);
+  std::printf("named_barrier_handover %s: ok (%d consumer results, %d launches)\n", argv[1], kOut, launches);
   return 0;
 }
