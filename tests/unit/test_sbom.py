@@ -5,6 +5,7 @@ validation, which must also reject a broken document)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -20,6 +21,7 @@ import pytest
 
 from sparkseal import __version__
 from sparkseal.actions import provenance, sbom
+from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
 
 COMMIT = "752a3a504485790a2e8491cacbb35c137339ad34"
 PLATFORM = "linux_aarch64"
@@ -648,3 +650,48 @@ def test_cyclonedx_the_sbom_validates_with_the_cyclonedx_library(inputs: Inputs,
     bad_hash["components"][0]["pedigree"]["ancestors"][0]["hashes"][0]["alg"] = "SHA-999"
     error = validator.validate_str(json.dumps(bad_hash))
     assert error is not None and "'SHA-999' is not one of" in str(error)
+
+
+# --- the rules, on a fixture workspace ---
+
+_SBOM_FIXTURE_ARGS = """\
+    debian_lock = "in/bookworm_arm64.lock.json",
+    document_name = "sparkseal-vllm-0.25.1-linux_aarch64",
+    patches = ["in/patches/vllm/0001-first.patch", "in/patches/vllm/0002-second.patch"],
+    platform = "linux_aarch64",
+    python_lock = "in/requirements_linux_aarch64.files.json",
+    vllm_lock = "in/vllm.lock.json",
+    vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
+    wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
+"""
+# BUILD files take no **kwargs: both rules spell out the same inputs.
+SBOM_FIXTURE_BUILD = (
+    'load("//rules:defs.bzl", "sbom", "sbom_cyclonedx")\n\n'
+    f'sbom(\n    name = "sbom",\n{_SBOM_FIXTURE_ARGS})\n\n'
+    f'sbom_cyclonedx(\n    name = "sbom_cyclonedx",\n{_SBOM_FIXTURE_ARGS})\n'
+)
+
+
+@pytest.mark.bazel
+@pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)")
+def test_both_rules_write_what_the_action_writes(tmp_path: Path) -> None:
+    """``sbom`` and ``sbom_cyclonedx`` on the same inputs: each output is the action's document in its
+    format, byte for byte, with the patches named by their workspace paths."""
+    root = tmp_path / "ws"
+    make_fixture_workspace(root, MINIMAL_WORKSPACE)
+    package = root / "fx"
+    inputs = write_inputs(package / "in")
+    (package / "BUILD").write_text(SBOM_FIXTURE_BUILD)
+    ws = Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
+    try:
+        result = ws.bazel("build", "//fx:sbom", "//fx:sbom_cyclonedx")
+        assert result.returncode == 0, result.output
+        bazel_bin = ws.bin_path("fx")
+    finally:
+        ws.shutdown()
+
+    named = dataclasses.replace(inputs, patches=[(f"fx/in/{name}", path) for name, path in inputs.patches])
+    for out, extra in (("sbom.spdx.json", []), ("sbom_cyclonedx.cdx.json", ["--format", "cyclonedx-1.6"])):
+        expected = tmp_path / out
+        assert sbom.main([*sbom_args(named, expected), *extra]) == 0
+        assert (bazel_bin / out).read_bytes() == expected.read_bytes(), out
