@@ -15,6 +15,7 @@ load("//rules/private:platforms.bzl", _CONSTRAINTS = "CONSTRAINTS", _DEBIAN_ARCH
 load("//rules/private:provenance.bzl", _provenance = "provenance", _sbom = "sbom")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
+load("//rules/private:sbom.bzl", _sbom_cyclonedx = "sbom_cyclonedx")
 load("//rules/private:secret_scanner.bzl", _secret_scanner = "secret_scanner")
 load("//rules/private:repositories.bzl", _sparkseal_repositories = "sparkseal_repositories", _sparkseal_toolchains = "sparkseal_toolchains")
 load("//rules/private:toolchains.bzl", _SparksealCcInfo = "SparksealCcInfo", _locked_toolchain = "locked_toolchain", _sparkseal_cc_toolchain = "sparkseal_cc_toolchain", _sparkseal_toolchain_locks = "sparkseal_toolchain_locks")
@@ -48,6 +49,7 @@ provenance = _provenance
 pypi_file = _pypi_file
 python_lock = _python_lock
 sbom = _sbom
+sbom_cyclonedx = _sbom_cyclonedx
 secret_scanner = _secret_scanner
 sparkseal_cc_toolchain = _sparkseal_cc_toolchain
 sparkseal_image = _sparkseal_image

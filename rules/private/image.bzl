@@ -4,7 +4,7 @@ Layers are ordered by how often they change, bottom first, so that a change rebu
 only: the Debian base (locked .debs), torch and NVIDIA's CUDA wheels (large, released together), every
 other locked wheel, our vLLM wheel as two layers (`vllm`: the upstream wheel's files that we leave as they
 are; `vllm_patched`: the files our patches and overlay change or add, their bytecode and the .dist-info),
-the sparkseal wheel, and the app layer with the module manifest and the SBOM. `layer_of`
+the sparkseal wheel, and the app layer with the module manifest and the SBOM in both formats. `layer_of`
 (rules/private/wheel_layers.bzl) splits the locked wheels between the two wheel layers; the python_lock
 hub's `WHEELS_BY_LAYER` is computed with it.
 """
@@ -13,6 +13,7 @@ load(":module_manifest.bzl", "module_manifest")
 load(":oci_image.bzl", "oci_image")
 load(":oci_layer.bzl", "oci_layer")
 load(":provenance.bzl", "sbom")
+load(":sbom.bzl", "sbom_cyclonedx")
 load(":wheel_layers.bzl", "DEPS_LAYER", "TORCH_LAYER")
 
 VENV = "/opt/venv"
@@ -43,7 +44,8 @@ def _venv_layers(platform, wheels_by_layer, vllm):
 def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_allow, visibility = None):
     """Every target of one platform's image: `image_<platform>` and what it is made of.
 
-    Targets: `manifest_<platform>` (module manifest), `sbom_<platform>`, `layer_<layer>_<platform>` for
+    Targets: `manifest_<platform>` (module manifest), `sbom_<platform>` (SPDX 2.3),
+    `sbom_cyclonedx_<platform>` (CycloneDX 1.6), `layer_<layer>_<platform>` for
     base, torch, deps, vllm, vllm_patched, sparkseal and app, and `image_<platform>` with
     `image_<platform>.load` and `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
     tree is an output (bench/results/image.md, "Disk", has what that saves).
@@ -65,9 +67,9 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         visibility = visibility,
     )
 
-    # The SBOM: every Debian package and wheel the image installs, and what our vLLM wheel is made of.
-    sbom(
-        name = "sbom_" + platform,
+    # The SBOM: every Debian package and wheel the image installs, and what our vLLM wheel is made of, in
+    # two formats from the same inputs: SPDX 2.3 and CycloneDX 1.6 (the one BSI TR-03183-2 names).
+    sbom_inputs = dict(
         debian_lock = debian_lock,
         document_name = "sparkseal-vllm-%s-%s" % (vllm.version, platform),
         patches = patches,
@@ -78,6 +80,8 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         wheels = ["//kernels_sm121:wheel_" + platform],
         visibility = visibility,
     )
+    sbom(name = "sbom_" + platform, **sbom_inputs)
+    sbom_cyclonedx(name = "sbom_cyclonedx_" + platform, **sbom_inputs)
 
     oci_layer(
         name = "layer_base_" + platform,
@@ -107,6 +111,7 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         files = {
             ":manifest_" + platform: "/opt/sparkseal/manifest.json",
             ":sbom_" + platform: "/opt/sparkseal/sbom.spdx.json",
+            ":sbom_cyclonedx_" + platform: "/opt/sparkseal/sbom.cdx.json",
         },
         visibility = visibility,
     )

@@ -125,9 +125,26 @@ def dumps(document: Mapping[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=True, separators=(",", ": ")) + "\n"
 
 
-def pypi_purl(project: str, version: str, filename: str) -> str:
-    """The package URL of one file of a Python project (``pkg:pypi/NAME@VERSION?file_name=FILE``)."""
-    return f"pkg:pypi/{normalize_name(project)}@{quote(version, safe=_PURL_SAFE)}?file_name={quote(filename)}"
+def pypi_purl(project: str, version: str, filename: str, sha256: str | None = None) -> str:
+    """The package URL of one file of a Python project (``pkg:pypi/NAME@VERSION?file_name=FILE``).
+
+    ``sha256`` names a file this build made, which no index serves: its ``checksum`` qualifier tells it
+    from the released file of the same name (our vLLM wheel and the upstream one share theirs).
+    """
+    return _file_purl("pypi", normalize_name(project), version, filename, sha256)
+
+
+def generic_purl(name: str, version: str, filename: str, sha256: str) -> str:
+    """The package URL of a file that no package index serves, told by its content
+    (``pkg:generic/NAME@VERSION?checksum=sha256:HEX&file_name=FILE``): a ``pkg:pypi`` one would name
+    whatever someone else publishes under that name."""
+    return _file_purl("generic", quote(name, safe=_PURL_SAFE), version, filename, sha256)
+
+
+def _file_purl(kind: str, name: str, version: str, filename: str, sha256: str | None) -> str:
+    # Qualifiers in the canonical (sorted) order of the purl specification.
+    checksum = f"checksum=sha256:{sha256}&" if sha256 else ""
+    return f"pkg:{kind}/{name}@{quote(version, safe=_PURL_SAFE)}?{checksum}file_name={quote(filename)}"
 
 
 def deb_purl(package: str, version: str, architecture: str, suite: str) -> str:

@@ -165,6 +165,12 @@ def _check_scope(rel: PurePosixPath, where: str) -> None:
         raise PatchError(f"{where}: {rel} is outside the {PACKAGE_ROOT}/ package; patches may only touch it")
 
 
+def read_headers(data: bytes, where: str) -> dict[str, str]:
+    """The ``Subject``, ``Upstream`` and ``Reason`` of one patch's text, its diff left unchecked: what an
+    SBOM records of each patch of the series (the patch actions check the rest)."""
+    return _parse_headers(data.splitlines(keepends=True), where)[0]
+
+
 def parse_patch(path: Path) -> Patch:
     """Parse and check the structure of one patch file (no tree needed)."""
     data = path.read_bytes()

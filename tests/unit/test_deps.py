@@ -97,9 +97,8 @@ def test_the_lists_follow_a_module_that_moves(checkout: Path) -> None:
 def test_an_import_the_table_cannot_name_stops_the_generator_and_writes_nothing(checkout: Path) -> None:
     action = checkout / "sparkseal/actions/sbom.py"
     action.write_text(action.read_text() + "\n\ndef extra():\n    from sparkseal.audit import compare\n")
-    (checkout / "sparkseal/actions/BUILD").write_text(
-        (checkout / "sparkseal/actions/BUILD").read_text().replace('"sbom": ["locks", "oci"]', '"sbom": []')
-    )
+    table = checkout / "sparkseal/actions/BUILD"
+    table.write_text(table.read_text().replace('"sbom": ["locks", "oci", "sbom"]', '"sbom": []'))
     before = _snapshot(checkout)
     line = len(action.read_text().splitlines())
     with pytest.raises(deps.DepsError) as caught:

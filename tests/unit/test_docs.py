@@ -188,6 +188,10 @@ def label_problem(root: Path, label: str) -> str | None:
     if not name or (root / package / name).exists():
         return None  # a package, or a source file of it
     text = build.read_text()
+    macro = root / "rules/private/image.bzl"
+    if not package and macro.is_file():
+        # The top BUILD's per-platform image targets are declared by the sparkseal_image macro it calls.
+        text += macro.read_text()
     candidates = [name]
     if "." in name:
         candidates.append(name.rpartition(".")[0])  # .load, .push and the like come with their target

@@ -1,20 +1,27 @@
-"""The SPDX 2.3 SBOM action: structure, checksums, relationships, determinism and every input error."""
+"""The SBOM action in both formats: SPDX 2.3 (structure, checksums, relationships, determinism, every
+input error, spdx-tools' validation) and CycloneDX 1.6 (the fields BSI TR-03183-2 asks for, the pedigree of
+our vLLM, determinism, agreement with the SPDX rendering, and the OWASP CycloneDX library's strict schema
+validation, which must also reject a broken document)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import time
+import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sparkseal import __version__
 from sparkseal.actions import provenance, sbom
+from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
 
 COMMIT = "752a3a504485790a2e8491cacbb35c137339ad34"
 PLATFORM = "linux_aarch64"
@@ -30,9 +37,15 @@ def _json(path: Path, data: object) -> Path:
     return path
 
 
-def _wheel(path: Path, payload: str) -> Path:
+def _wheel(path: Path, payload: str, license_line: str = "") -> Path:
+    """A small wheel: a payload and the METADATA (with ``license_line``) the SBOM reads licences from."""
+    project, version = path.name.split("-")[:2]
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("payload.txt", payload)
+        archive.writestr(
+            f"{project}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.4\nName: {project}\nVersion: {version}\n{license_line}",
+        )
     return path
 
 
@@ -140,15 +153,26 @@ def write_inputs(root: Path) -> Inputs:
         },
     )
     patches = []
-    for name in ("0001-first.patch", "0002-second.patch"):
+    for name, upstream in (
+        ("0001-first.patch", "vllm-project/vllm#1 (0123abc)"),
+        ("0002-second.patch", "none (sparkseal's own)"),
+    ):
         path = root / "patches" / "vllm" / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"Subject: {name}\n--- a/x\n+++ b/x\n")
+        path.write_text(
+            f"Subject: {name}\nUpstream: {upstream}\nReason: a fixture\n  on two lines\n--- a/x\n+++ b/x\n"
+        )
         patches.append((f"patches/vllm/{name}", path))
     built = root / "built"
     built.mkdir()
-    vllm_wheel = _wheel(built / "vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl", "patched vllm")
-    sparkseal_wheel = _wheel(built / "sparkseal-0.1.0-py3-none-linux_aarch64.whl", "kernels")
+    vllm_wheel = _wheel(
+        built / "vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
+        "patched vllm",
+        "License-Expression: Apache-2.0\n",
+    )
+    sparkseal_wheel = _wheel(
+        built / "sparkseal-0.1.0-py3-none-linux_aarch64.whl", "kernels", "License: Apache-2.0\n"
+    )
     return Inputs(
         vllm_lock, python_lock, tools_lock, debian_lock, cuda_lock, patches, vllm_wheel, sparkseal_wheel
     )
@@ -230,17 +254,31 @@ def test_document_fields_and_packages(inputs: Inputs, tmp_path: Path) -> None:
     assert numpy["externalRefs"][0]["referenceLocator"] == (
         "pkg:pypi/numpy@2.2.6?file_name=numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl"
     )
+    assert libstdcxx["supplier"] == "Organization: Debian" and "supplier" not in numpy
     kernels = by_file["sparkseal-0.1.0-py3-none-linux_aarch64.whl"]
     assert (kernels["name"], kernels["versionInfo"]) == ("sparkseal", "0.1.0")
-    assert kernels["checksums"][0]["checksumValue"] == _sha(inputs.sparkseal_wheel.read_bytes())
-    assert "externalRefs" not in kernels
+    kernels_sha = _sha(inputs.sparkseal_wheel.read_bytes())
+    assert kernels["checksums"][0]["checksumValue"] == kernels_sha
+    # Published nowhere: a generic package URL told by the content, never one of the package index.
+    assert kernels["externalRefs"][0]["referenceLocator"] == (
+        f"pkg:generic/sparkseal@0.1.0?checksum=sha256:{kernels_sha}"
+        "&file_name=sparkseal-0.1.0-py3-none-linux_aarch64.whl"
+    )
+    assert kernels["supplier"] == "Organization: sparkseal"
+    # Free-text licences (METADATA's License) are no SPDX expression: SPDX 2.3 cannot carry them.
+    assert kernels["licenseDeclared"] == "NOASSERTION"
 
 
 def test_built_vllm_is_related_to_its_sources_and_patches(inputs: Inputs, tmp_path: Path) -> None:
     doc = _run(inputs, tmp_path / "sbom.spdx.json")
     ids = {p["SPDXID"]: p for p in doc["packages"]} | {f["SPDXID"]: f for f in doc["files"]}
     ours = ids["SPDXRef-Built-vllm-0.25.1"]
-    assert ours["checksums"][0]["checksumValue"] == _sha(inputs.vllm_wheel.read_bytes())
+    ours_sha = _sha(inputs.vllm_wheel.read_bytes())
+    assert ours["checksums"][0]["checksumValue"] == ours_sha
+    assert ours["licenseDeclared"] == "Apache-2.0"
+    assert ours["externalRefs"][0]["referenceLocator"] == (
+        f"pkg:pypi/vllm@0.25.1?checksum=sha256:{ours_sha}&file_name=vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl"
+    )
     assert COMMIT in ours["comment"]
     assert ids["SPDXRef-Upstream-vllm-0.25.1"]["checksums"][0]["checksumValue"] == _sha(PLATFORM.encode())
     assert ids["SPDXRef-Sdist-vllm-0.25.1"]["primaryPackagePurpose"] == "SOURCE"
@@ -281,7 +319,7 @@ def test_namespace_is_the_content_digest(inputs: Inputs, tmp_path: Path) -> None
     content = _sha(provenance.dumps(without).encode())
     assert doc["documentNamespace"] == f"urn:sparkseal:spdx:sparkseal-vllm-0.25.1-linux_aarch64:{content}"
 
-    inputs.sparkseal_wheel.write_bytes(b"another build")
+    _wheel(inputs.sparkseal_wheel, "another build")
     assert _run(inputs, tmp_path / "other.spdx.json")["documentNamespace"] != doc["documentNamespace"]
 
 
@@ -392,3 +430,268 @@ def test_the_sbom_validates_with_spdx_tools(inputs: Inputs, tmp_path: Path) -> N
     (tmp_path / "broken.spdx.json").write_text(json.dumps(broken))
     messages = validate_full_spdx_document(parse_file(str(tmp_path / "broken.spdx.json")))
     assert any("SPDXRef-nothing" in message.validation_message for message in messages)
+
+
+# --- CycloneDX 1.6 ---
+
+NAME = "sparkseal-vllm-0.25.1-linux_aarch64"
+IMAGE_REF = f"urn:sparkseal:image:{NAME}"
+SERIAL = re.compile(r"urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def cdx_args(inputs: Inputs, out: Path) -> list[str]:
+    """The action's command line for the fixture, in the CycloneDX form."""
+    return [*sbom_args(inputs, out), "--format", "cyclonedx-1.6"]
+
+
+def _run_cdx(inputs: Inputs, out: Path) -> dict[str, Any]:
+    assert sbom.main(cdx_args(inputs, out)) == 0
+    return json.loads(out.read_text())
+
+
+def _all_components(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The top-level components and the ancestors of every pedigree."""
+    found = []
+    for component in doc["components"]:
+        found.append(component)
+        found.extend(component.get("pedigree", {}).get("ancestors", []))
+    return found
+
+
+def test_cyclonedx_bsi_document_fields(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run_cdx(inputs, tmp_path / "sbom.cdx.json")
+    assert (doc["bomFormat"], doc["specVersion"], doc["version"]) == ("CycloneDX", "1.6", 1)
+    assert SERIAL.fullmatch(doc["serialNumber"]), doc["serialNumber"]
+    metadata = doc["metadata"]
+    # The SBOM's creator and its timestamp (SOURCE_DATE_EPOCH, not the time of the build).
+    assert metadata["timestamp"] == "1980-01-01T00:00:00Z"
+    assert metadata["authors"] == [{"name": "sparkseal"}]
+    assert metadata["tools"]["components"] == [
+        {"type": "application", "name": "sparkseal", "version": __version__}
+    ]
+    image = metadata["component"]
+    assert (image["type"], image["bom-ref"], image["name"], image["version"]) == (
+        "container",
+        IMAGE_REF,
+        NAME,
+        "0.25.1",
+    )
+    by_file = {
+        next(p["value"] for p in c["properties"] if p["name"] == "bsi:component:filename"): c
+        for c in doc["components"]
+    }
+    assert sorted(by_file) == sorted(
+        [
+            "base-files_12.4+deb12u15_arm64.deb",
+            "libstdc++6_12.2.0-14+deb12u1_arm64.deb",
+            "numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl",
+            "typing_extensions-4.15.0-py3-none-any.whl",
+            "vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
+            "sparkseal-0.1.0-py3-none-linux_aarch64.whl",
+        ]
+    )
+    libstdcxx = by_file["libstdc++6_12.2.0-14+deb12u1_arm64.deb"]
+    assert (libstdcxx["name"], libstdcxx["version"]) == ("libstdc++6", "12.2.0-14+deb12u1")
+    assert libstdcxx["purl"] == "pkg:deb/debian/libstdc%2B%2B6@12.2.0-14%2Bdeb12u1?arch=arm64&distro=bookworm"
+    assert libstdcxx["hashes"] == [{"alg": "SHA-256", "content": _sha(b"libstdc++6")}]
+    assert libstdcxx["supplier"] == {"name": "Debian"}
+    numpy = by_file["numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl"]
+    assert (
+        numpy["purl"] == "pkg:pypi/numpy@2.2.6?file_name=numpy-2.2.6-cp311-cp311-manylinux_2_17_aarch64.whl"
+    )
+    assert "supplier" not in numpy and "licenses" not in numpy  # not in the lock: not claimed
+    kernels = by_file["sparkseal-0.1.0-py3-none-linux_aarch64.whl"]
+    assert kernels["supplier"] == {"name": "sparkseal"}
+    assert kernels["licenses"] == [{"license": {"name": "Apache-2.0"}}]
+    assert kernels["purl"].startswith("pkg:generic/sparkseal@0.1.0?checksum=sha256:")
+    ours = by_file["vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl"]
+    assert ours["licenses"] == [{"expression": "Apache-2.0"}]
+    for component in doc["components"]:
+        properties = {p["name"]: p["value"] for p in component["properties"]}
+        assert properties["bsi:component:archive"] == "archive"
+        assert properties["bsi:component:structured"] == "structured"
+        assert properties["bsi:component:executable"] == "non-executable"
+
+
+def test_cyclonedx_every_component_has_a_sha256_and_a_purl(inputs: Inputs, tmp_path: Path) -> None:
+    from packageurl import PackageURL
+
+    doc = _run_cdx(inputs, tmp_path / "sbom.cdx.json")
+    components = _all_components(doc)
+    assert len(components) == 8  # 6 installed + the sdist and the upstream wheel of our vLLM
+    refs = [c["bom-ref"] for c in components]
+    assert len(set(refs)) == len(refs)
+    for component in components:
+        [digest] = [h for h in component["hashes"] if h["alg"] == "SHA-256"]
+        assert re.fullmatch(r"[0-9a-f]{64}", digest["content"]), component["name"]
+        purl = PackageURL.from_string(component["purl"])
+        assert (purl.name, purl.version) == (component["name"], component["version"])
+        assert component["bom-ref"] == component["purl"]
+
+
+def test_cyclonedx_the_image_depends_on_every_component(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run_cdx(inputs, tmp_path / "sbom.cdx.json")
+    installed = sorted(c["bom-ref"] for c in doc["components"])
+    assert doc["dependencies"] == [{"ref": IMAGE_REF, "dependsOn": installed}]
+    assert doc["compositions"] == [
+        {"aggregate": "complete", "dependencies": [IMAGE_REF]},
+        {"aggregate": "unknown", "dependencies": installed},
+    ]
+
+
+def test_cyclonedx_our_vllm_names_its_ancestors_commit_and_patches(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run_cdx(inputs, tmp_path / "sbom.cdx.json")
+    [ours] = [c for c in doc["components"] if c["name"] == "vllm"]
+    assert ours["hashes"] == [{"alg": "SHA-256", "content": _sha(inputs.vllm_wheel.read_bytes())}]
+    pedigree = ours["pedigree"]
+    assert [(a["purl"], a["hashes"][0]["content"]) for a in pedigree["ancestors"]] == [
+        ("pkg:pypi/vllm@0.25.1?file_name=vllm-0.25.1.tar.gz", _sha(b"sdist")),
+        (
+            "pkg:pypi/vllm@0.25.1?file_name=vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
+            _sha(PLATFORM.encode()),
+        ),
+    ]
+    assert pedigree["commits"] == [{"uid": COMMIT}]
+    assert [(p["type"], p["diff"]["url"], p["diff"]["text"]["content"]) for p in pedigree["patches"]] == [
+        ("backport", "patches/vllm/0001-first.patch", inputs.patches[0][1].read_text()),
+        ("unofficial", "patches/vllm/0002-second.patch", inputs.patches[1][1].read_text()),
+    ]
+    assert COMMIT in pedigree["notes"]
+    assert (
+        "patches/vllm/0002-second.patch: 0002-second.patch (Upstream: none (sparkseal's own))"
+        in (pedigree["notes"])
+    )
+
+
+def test_cyclonedx_the_same_packages_as_the_spdx_document(inputs: Inputs, tmp_path: Path) -> None:
+    """Two renderings of one package list: name, version, sha256 and package URL agree."""
+    cdx = _run_cdx(inputs, tmp_path / "sbom.cdx.json")
+    assert sbom.main(sbom_args(inputs, tmp_path / "sbom.spdx.json")) == 0
+    spdx = json.loads((tmp_path / "sbom.spdx.json").read_text())
+    from_cdx = {(c["name"], c["version"], c["hashes"][0]["content"], c["purl"]) for c in _all_components(cdx)}
+    from_spdx = {
+        (
+            p["name"],
+            p["versionInfo"],
+            p["checksums"][0]["checksumValue"],
+            p["externalRefs"][0]["referenceLocator"],
+        )
+        for p in spdx["packages"]
+    }
+    assert from_cdx == from_spdx and len(from_cdx) == 8
+
+
+def test_cyclonedx_same_bytes_for_another_time_zone_and_argument_order(
+    inputs: Inputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = tmp_path / "a.cdx.json", tmp_path / "b.cdx.json"
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    assert sbom.main(cdx_args(inputs, first)) == 0
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    assert sbom.main(reversed_flags(cdx_args(inputs, second))) == 0
+    monkeypatch.undo()
+    time.tzset()
+    assert first.read_bytes() == second.read_bytes()
+    assert str(tmp_path) not in first.read_text()
+
+
+def test_cyclonedx_serial_number_is_derived_from_the_content(inputs: Inputs, tmp_path: Path) -> None:
+    doc = _run_cdx(inputs, tmp_path / "sbom.cdx.json")
+    without = {key: value for key, value in doc.items() if key != "serialNumber"}
+    content = _sha(sbom.dumps(without).encode())
+    assert (
+        doc["serialNumber"] == uuid.uuid5(uuid.NAMESPACE_URL, f"urn:sparkseal:cyclonedx:{NAME}:{content}").urn
+    )
+
+    _wheel(inputs.sparkseal_wheel, "another build")
+    assert _run_cdx(inputs, tmp_path / "other.cdx.json")["serialNumber"] != doc["serialNumber"]
+
+
+def test_cyclonedx_a_patch_without_its_header_is_named(
+    inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, path = inputs.patches[0]
+    path.write_text("Subject: no upstream\n--- a/x\n+++ b/x\n")
+    assert sbom.main(cdx_args(inputs, tmp_path / "sbom.cdx.json")) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"sbom: {path}: header is missing Upstream, Reason"), err
+    assert not (tmp_path / "sbom.cdx.json").exists()
+
+
+def test_cyclonedx_a_built_wheel_without_metadata_is_named(
+    inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs.sparkseal_wheel.write_bytes(b"not a zip")
+    assert sbom.main(cdx_args(inputs, tmp_path / "sbom.cdx.json")) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"sbom: {inputs.sparkseal_wheel}: expected a wheel with UTF-8 METADATA, found: File is not a zip file"
+    )
+
+
+def test_cyclonedx_the_sbom_validates_with_the_cyclonedx_library(inputs: Inputs, tmp_path: Path) -> None:
+    """The OWASP CycloneDX library's strict JSON validator accepts the document as CycloneDX 1.6, and is
+    no rubber stamp: a component without its name, or a hash of an unknown algorithm, fails it."""
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    validator = JsonStrictValidator(SchemaVersion.V1_6)
+    path = tmp_path / "sbom.cdx.json"
+    _run_cdx(inputs, path)
+    assert validator.validate_str(path.read_text()) is None
+
+    nameless = json.loads(path.read_text())
+    del nameless["components"][1]["name"]
+    error = validator.validate_str(json.dumps(nameless))
+    assert error is not None and "'name' is a required property" in str(error)
+
+    bad_hash = json.loads(path.read_text())
+    bad_hash["components"][0]["pedigree"]["ancestors"][0]["hashes"][0]["alg"] = "SHA-999"
+    error = validator.validate_str(json.dumps(bad_hash))
+    assert error is not None and "'SHA-999' is not one of" in str(error)
+
+
+# --- the rules, on a fixture workspace ---
+
+_SBOM_FIXTURE_ARGS = """\
+    debian_lock = "in/bookworm_arm64.lock.json",
+    document_name = "sparkseal-vllm-0.25.1-linux_aarch64",
+    patches = ["in/patches/vllm/0001-first.patch", "in/patches/vllm/0002-second.patch"],
+    platform = "linux_aarch64",
+    python_lock = "in/requirements_linux_aarch64.files.json",
+    vllm_lock = "in/vllm.lock.json",
+    vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
+    wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
+"""
+# BUILD files take no **kwargs: both rules spell out the same inputs.
+SBOM_FIXTURE_BUILD = (
+    'load("//rules:defs.bzl", "sbom", "sbom_cyclonedx")\n\n'
+    f'sbom(\n    name = "sbom",\n{_SBOM_FIXTURE_ARGS})\n\n'
+    f'sbom_cyclonedx(\n    name = "sbom_cyclonedx",\n{_SBOM_FIXTURE_ARGS})\n'
+)
+
+
+@pytest.mark.bazel
+@pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)")
+def test_both_rules_write_what_the_action_writes(tmp_path: Path) -> None:
+    """``sbom`` and ``sbom_cyclonedx`` on the same inputs: each output is the action's document in its
+    format, byte for byte, with the patches named by their workspace paths."""
+    root = tmp_path / "ws"
+    make_fixture_workspace(root, MINIMAL_WORKSPACE)
+    package = root / "fx"
+    inputs = write_inputs(package / "in")
+    (package / "BUILD").write_text(SBOM_FIXTURE_BUILD)
+    ws = Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
+    try:
+        result = ws.bazel("build", "//fx:sbom", "//fx:sbom_cyclonedx")
+        assert result.returncode == 0, result.output
+        bazel_bin = ws.bin_path("fx")
+    finally:
+        ws.shutdown()
+
+    named = dataclasses.replace(inputs, patches=[(f"fx/in/{name}", path) for name, path in inputs.patches])
+    for out, extra in (("sbom.spdx.json", []), ("sbom_cyclonedx.cdx.json", ["--format", "cyclonedx-1.6"])):
+        expected = tmp_path / out
+        assert sbom.main([*sbom_args(named, expected), *extra]) == 0
+        assert (bazel_bin / out).read_bytes() == expected.read_bytes(), out
