@@ -45,9 +45,10 @@ is in (upstream's later code passes the kernel block size).
 (``mhc_fused_post_pre_tilelang``: the previous sub-layer's ``mhc_post`` and the next one's ``mhc_pre``) is
 checked against a float32 reference of its ``mhc_post`` half computed from the same inputs, warm-up steps
 included: ``mhc`` lines name the layer, the token count, whether vLLM 0.25.1 takes its small-batch kernel
-(at most 16 tokens) and whether that kernel covers the hidden size (:func:`small_fma_covers`), the rows whose
-new residual differs from the reference or holds NaN, and the NaN rows of the inputs and of the next layer
-input. Bad calls are all reported (up to a cap), clean ones only the first few of each phase.
+(at most 16 tokens) and whether that kernel covers the hidden size (:func:`small_fma_covers`: v0.25.1's
+choice, also where the candidate patch is applied), the rows whose new residual differs from the reference
+or holds NaN, and the NaN rows of the inputs and of the next layer input. Bad calls are all reported (up to a
+cap), clean ones only the first of each token count; ``mhc-tally`` lines count the checked calls.
 
 ``SPARKSEAL_MHC_UNFUSED_SMALL=1`` (an experiment, with the probe; the candidate fix of
 ``bench/vllm_backend/candidates/``): where the small-batch kernel would not cover the hidden size, the step
