@@ -8,7 +8,9 @@ kernel-block units, the slot the draft decode reads, and the record before the i
 the draft step (``ok`` for a written record: scale bytes set, no NaN; else what is wrong); then every watched
 record that changed and the call that changed it; the NaN rows of the target's hidden states, of each op of
 DSpark's combine step and of the plain sampler's logits; the target ops whose output first held a NaN row or
-was all zeros. Standard library only.
+was all zeros; each checked hyper-connection (mHC) step whose new residual differs from its reference
+(``MHC``), with a tally per token count, and the attention metadata's decode/prefill split of the first real
+steps. Standard library only.
 """
 
 from __future__ import annotations
@@ -57,6 +59,49 @@ def rows(fields: dict[str, Any]) -> str:
     return (
         f"{fields['rows']} rows, NaN rows {fields['nan_rows']}, {fields['zero_rows']} all-zero, "
         f"max {fields['absmax']:.3g}"
+    )
+
+
+def mhc(event: dict[str, Any]) -> str:
+    """One checked mHC step: where, which kernel vLLM took, and the rows that went wrong."""
+    if not event["small"]:
+        kernel = "separate post and pre kernels"
+    else:
+        kernel = "small kernel, " + (
+            "covers the hidden size" if event["covers"] else "does NOT cover the hidden size"
+        )
+    if event.get("unfused"):
+        kernel = "unfused by the probe's switch"
+    return (
+        f"MHC {event['phase']} forward {event['forward']} {event['layer']} {event['part']}: "
+        f"{event['tokens']} tokens, hidden {event['hidden']} ({kernel}): residual differs in rows "
+        f"{event['differ_rows']} (max relative {event['max_rel']:.3g} of {event['ref_absmax']:.3g}), "
+        f"reference NaN rows {event['ref_nan_rows']}, next input NaN rows {event['layer_input_nan_rows']}"
+    )
+
+
+def metadata(event: dict[str, Any]) -> str:
+    """The decode/prefill split each attention metadata kind gave one real step."""
+    parts = []
+    for kind, entry in event["kinds"].items():
+        if not isinstance(entry, dict):
+            parts.append(f"{kind}: {entry}")
+            continue
+        split = ""
+        if "num_decodes" in entry:
+            split = (
+                f" decodes {entry['num_decodes']} ({entry.get('num_decode_tokens')} tokens), prefills "
+                f"{entry.get('num_prefills')} ({entry.get('num_prefill_tokens')} tokens)"
+            )
+        extra = "".join(
+            f", {name} {entry[name]}"
+            for name in ("query_start_loc_cpu", "seq_lens", "block_size")
+            if name in entry
+        )
+        parts.append(f"{kind} x{entry['layers']}:{split}{extra}")
+    return (
+        f"metadata forward {event['forward']} ({event['tokens']} tokens, positions {event['positions']}, "
+        f"input ids {event['input_ids']}): " + "; ".join(parts)
     )
 
 
@@ -113,6 +158,13 @@ def report(path: Path) -> list[str]:
                 f"sampler call {event['call']}: logits {event['logits']}, NaN rows {event['nan_rows']} at "
                 f"positions {event['positions']}"
             )
+        elif kind == "mhc":
+            out.append(mhc(event))
+        elif kind == "mhc-tally":
+            calls = ", ".join(f"{name} x{count}" for name, count in event["calls"].items())
+            out.append(f"mhc tally {event['where']} ({event['phase']}): {calls}")
+        elif kind == "metadata":
+            out.append(metadata(event))
         else:
             out.append(f"{kind}: {json.dumps({k: v for k, v in event.items() if k != 'kind'})[:300]}")
     return out

@@ -10,7 +10,14 @@
 #   g  run f with vLLM's CUDA graphs (EAGER=0): the configuration that served 120 of 120 in section 4c
 #   z  run a with every KV cache zeroed after vLLM's warm-up (SPARKSEAL_ZERO_KV_AFTER_WARMUP=1)
 #   y  run f likewise
-# RUNs default to "a z f y". Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
+#   c  run a with the hyper-connection check (SPARKSEAL_MHC_CHECK=1): every fused mHC step of the warm-up and
+#      of the first real steps against a float32 reference, and the first real steps' attention metadata
+#   u  run c with the probe's runtime fix (SPARKSEAL_MHC_UNFUSED_SMALL=1): the separate mHC kernels where
+#      vLLM's small-batch fused kernel does not cover the hidden size (the test model's 512)
+#   p  run c with the candidate vLLM patch bench/vllm_backend/candidates/0004-*.patch applied to the staged
+#      vLLM for this run only (restored after it)
+#   q  run p on vLLM's FlashMLA class (the control of the candidate patch)
+# RUNs default to "a z f y"; the mHC runs of section 6b: "c p q" (u instead of p if the patch does not apply). Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
 # RESULTS/NAME.log; then the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
 # CACHES=DIR first restores the caches a previous machine saved (bench/live/device.sh restore DIR).
 set -uo pipefail
@@ -32,6 +39,8 @@ run() { # NAME BACKEND SEED
         grep -m 60 "null-block\|engine-ready\|zeroed\|CHANGED\|NaN rows \[[0-9]\|TARGET\|combine\|error" \
             "$results/$name.probe.txt" |
             cut -c1-400
+        # The mHC check (runs c, u, p, q): the tallies, the first real steps' bad steps and their metadata.
+        grep -m 30 "mhc tally\|mhc-unfused\|MHC real\|metadata forward" "$results/$name.probe.txt" | cut -c1-400
     fi
 }
 kernel_blocks() {
@@ -52,6 +61,25 @@ PY
     echo "== draft groups whose block size is not the kernel's: $mismatch"
     if [ "$mismatch" != 0 ]; then SPARKSEAL_DSPARK_KERNEL_BLOCKS=1 run k CUSTOM 0; fi
 }
+candidate=bench/vllm_backend/candidates/0004-mhc-small-batch-fused-kernel-coverage.patch
+with_candidate() { # NAME BACKEND SEED: run with the candidate patch applied to the staged vLLM, then restore it
+    local site files=() f
+    site=$(PYTHONPATH=/tmp/sparkseal-stage/ours:/tmp/sparkseal-stage/deps "${PYTHON:-python3}" -c \
+        'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("vllm").origin).parent.parent)') ||
+        { echo "== $1: the staged vLLM was not found"; return; }
+    mapfile -t files < <(sed -n 's|^+++ b/||p' "$candidate")
+    for f in "${files[@]}"; do cp -p "$site/$f" "$site/$f.orig"; done
+    # The strict applier of the working tree's sparkseal (exact context, or nothing is written).
+    if "${PYTHON:-python3}" -c 'import pathlib, sys
+from sparkseal.core.patchset import apply_patch
+print(apply_patch(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))' "$site" "$candidate"; then
+        echo "== $1: $candidate applied to $site"
+        run "$@"
+    else
+        echo "== $1: $candidate does not apply to $site; not run"
+    fi
+    for f in "${files[@]}"; do mv "$site/$f.orig" "$site/$f"; done
+}
 if [ -n "${CACHES:-}" ]; then bench/live/device.sh restore "$CACHES"; fi
 shift
 runs=${*:-a z f y}
@@ -66,6 +94,10 @@ for name in $runs; do
     g) EAGER=0 START_DEADLINE=$first run g FLASHMLA_SPARSE_DSV4 0 ;;
     z) SPARKSEAL_ZERO_KV_AFTER_WARMUP=1 START_DEADLINE=$first run z CUSTOM 0 ;;
     y) SPARKSEAL_ZERO_KV_AFTER_WARMUP=1 START_DEADLINE=$first run y FLASHMLA_SPARSE_DSV4 0 ;;
+    c) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first run c CUSTOM 0 ;;
+    u) SPARKSEAL_MHC_CHECK=1 SPARKSEAL_MHC_UNFUSED_SMALL=1 START_DEADLINE=$first run u CUSTOM 0 ;;
+    p) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate p CUSTOM 0 ;;
+    q) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate q FLASHMLA_SPARSE_DSV4 0 ;;
     *) echo "v4_probe_runs: unknown run $name" >&2 ;;
     esac
     # Only the machine's first server compiles the warm-up's kernels.

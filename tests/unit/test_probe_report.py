@@ -110,3 +110,66 @@ def test_the_combine_step_and_a_target_op_are_shown_op_by_op(tmp_path: Path) -> 
         "2 rows, NaN rows [0], 1 all-zero, max 0",
         "TARGET after 0 draft steps, model.layers.2 output: 2 rows, NaN rows [0], 1 all-zero, max 0",
     ]
+
+
+def test_an_mhc_step_its_tally_and_a_steps_metadata_are_shown(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    bad = {
+        "phase": "real",
+        "forward": 2,
+        "layer": "model.layers.2",
+        "part": "ffn",
+        "tokens": 6,
+        "hidden": 512,
+        "small": True,
+        "covers": False,
+        "unfused": False,
+        "x_nan_rows": [],
+        "residual_in_nan_rows": [],
+        "layer_input_nan_rows": [3, 4],
+        "differ_rows": [0, 1, 2, 3, 4, 5],
+        "ref_nan_rows": [],
+        "max_rel": 1e30,
+        "ref_absmax": 2e-8,
+    }
+    kinds = {
+        "DeepseekSparseSWAMetadata": {
+            "layers": 9,
+            "first": "model.layers.0.attn.swa_cache",
+            "num_decodes": 1,
+            "num_prefills": 0,
+            "num_decode_tokens": 6,
+            "num_prefill_tokens": 0,
+            "block_size": 64,
+            "query_start_loc_cpu": [0, 6],
+            "seq_lens": [72],
+        },
+        "CompressorMetadata": {"layers": 4, "first": "model.layers.1.attn.compressor.state_cache"},
+    }
+    log.write_text(
+        line("mhc", **bad)
+        + "\n"
+        + line(
+            "mhc",
+            **{**bad, "small": False, "covers": None, "tokens": 66, "differ_rows": [], "max_rel": 0.004},
+        )
+        + "\n"
+        + line(
+            "mhc-tally", where="draft step 1", phase="real", calls={"6 tokens bad": 11, "66 tokens clean": 11}
+        )
+        + "\n"
+        + line("metadata", forward=2, tokens=6, positions=[66, 67], input_ids=[5, 977], kinds=kinds)
+        + "\n"
+    )
+    assert probe_report.report(log)[1:] == [
+        "MHC real forward 2 model.layers.2 ffn: 6 tokens, hidden 512 (small kernel, does NOT cover the "
+        "hidden size): residual differs in rows [0, 1, 2, 3, 4, 5] (max relative 1e+30 of 2e-08), "
+        "reference NaN rows [], next input NaN rows [3, 4]",
+        "MHC real forward 2 model.layers.2 ffn: 66 tokens, hidden 512 (separate post and pre kernels): "
+        "residual differs in rows [] (max relative 0.004 of 2e-08), reference NaN rows [], next input NaN "
+        "rows [3, 4]",
+        "mhc tally draft step 1 (real): 6 tokens bad x11, 66 tokens clean x11",
+        "metadata forward 2 (6 tokens, positions [66, 67], input ids [5, 977]): "
+        "DeepseekSparseSWAMetadata x9: decodes 1 (6 tokens), prefills 0 (0 tokens), query_start_loc_cpu "
+        "[0, 6], seq_lens [72], block_size 64; CompressorMetadata x4:",
+    ]

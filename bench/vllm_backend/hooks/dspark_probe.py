@@ -41,6 +41,23 @@ section 5). This probe records, in the server log as ``[dspark-probe] {json}`` l
 given each draft group's kernel block size instead of its KV-manager block size, the units its block table
 is in (upstream's later code passes the kernel block size).
 
+``SPARKSEAL_MHC_CHECK=1`` (with the probe): every call of V4's fused hyper-connection step
+(``mhc_fused_post_pre_tilelang``: the previous sub-layer's ``mhc_post`` and the next one's ``mhc_pre``) is
+checked against a float32 reference of its ``mhc_post`` half computed from the same inputs, warm-up steps
+included: ``mhc`` lines name the layer, the token count, whether vLLM 0.25.1 takes its small-batch kernel
+(at most 16 tokens) and whether that kernel covers the hidden size (:func:`small_fma_covers`: v0.25.1's
+choice, also where the candidate patch is applied), the rows whose new residual differs from the reference
+or holds NaN, and the NaN rows of the inputs and of the next layer input. Bad calls are all reported (up to a
+cap), clean ones only the first of each token count; ``mhc-tally`` lines count the checked calls.
+
+``SPARKSEAL_MHC_UNFUSED_SMALL=1`` (an experiment, with the probe; the candidate fix of
+``bench/vllm_backend/candidates/``): where the small-batch kernel would not cover the hidden size, the step
+runs as vLLM's separate ``mhc_post_tilelang`` then ``mhc_pre_tilelang`` instead (what vLLM does for more than
+16 tokens).
+
+``metadata`` lines: for the first real steps, each attention metadata kind's decode/prefill split (requests
+and tokens), ``query_start_loc`` and ``seq_lens`` as the target's layers see them.
+
 Every check synchronises, so serve with ``--enforce-eager``; nothing is checked while a CUDA graph is being
 captured, and a failure of the probe is logged, never raised.
 """
@@ -62,7 +79,18 @@ OURS_MODULE = "sparkseal.vllm_integration.vllm_dsv4"
 MODEL_MODULE = "vllm.models.deepseek_v4.nvidia.model"
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 ZERO_ENV = "SPARKSEAL_ZERO_KV_AFTER_WARMUP"
+MHC_CHECK_ENV = "SPARKSEAL_MHC_CHECK"
+MHC_UNFUSED_ENV = "SPARKSEAL_MHC_UNFUSED_SMALL"
+MHC_KERNELS_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
 MAX_TARGET_EVENTS = 60
+# vLLM 0.25.1's small-batch fused mHC step: at most MHC_SMALL_MAX tokens, MHC_THREADS threads a block.
+MHC_SMALL_MAX = 16
+MHC_THREADS = 256
+# Per phase (warm-up, then real steps): every bad mHC call up to MAX_MHC_BAD, the first clean one of each
+# token count up to MAX_MHC_CLEAN; the attention metadata of the first METADATA_STEPS real target steps.
+MAX_MHC_BAD = 48
+MAX_MHC_CLEAN = 12
+METADATA_STEPS = 3
 
 # How many real draft steps are described, how many context positions per request (the last ones), how
 # many records are watched at most, and how many ``changed`` lines are written.
@@ -81,6 +109,14 @@ _state: dict[str, Any] = {
     "sampler": 0,
     "target_events": 0,
     "freed": 0,
+    "mhc_bad": 0,
+    "mhc_clean": 0,
+    "mhc_clean_sizes": set(),
+    "mhc_tally": {},
+    "forwards": 0,
+    "phase": "warm-up",
+    "layer": "",
+    "mhc_parts": [],
 }
 
 
@@ -309,6 +345,7 @@ def _patch_speculator(module: Any) -> None:
             _after_draft(self, seen, step)
             check_watch(f"draft step {step}")
             null_block_report(f"draft step {step}")
+            mhc_tally(f"draft step {step}")
         except Exception as error:
             emit("error", where="after draft", error=repr(error))
         return out
@@ -393,14 +430,230 @@ def _target_check(label: str, tensor: Any) -> None:
         emit("error", where=f"target {label}", error=repr(error))
 
 
+# ------------------------------------------------------------------ hyper-connections (mHC)
+
+
+def small_fma_covers(num_tokens: int, hidden_size: int, threads: int = MHC_THREADS) -> bool | None:
+    """Whether vLLM 0.25.1's small-batch fused mHC kernel writes every element of the new residual.
+
+    ``None`` where that kernel is not taken (more than 16 tokens). ``mhc_fused_post_pre_tilelang``
+    (``vllm/model_executor/kernels/mhc/tilelang.py``) takes ``mhc_fused_tilelang`` for at most 16 tokens,
+    splitting the hidden size 8 ways (fewer than 8 tokens and a hidden size of at most 4096) or 4 ways; in
+    ``tilelang_kernels.py`` each block's 256 threads walk ``hidden_size // splits // 256`` strides of 256
+    elements of their split, and nothing else of the split is written (nor summed into the next ``mhc_pre``).
+    DeepSeek V4's hidden sizes 4096 and 7168 are covered; the test model's 512 gives 0 strides.
+    """
+    if num_tokens > MHC_SMALL_MAX:
+        return None
+    splits = 8 if (num_tokens < 8 and hidden_size <= 4096) else 4
+    per_split = hidden_size // splits
+    return per_split > 0 and per_split % threads == 0
+
+
+def mhc_post_reference(x: Any, residual: Any, post_mix: Any, comb_mix: Any) -> Any:
+    """float32 ``mhc_post``: each token's new streams ``comb^T @ residual + post * x``."""
+    import torch
+
+    hc, hidden = residual.shape[-2], residual.shape[-1]
+    streams = residual.reshape(-1, hc, hidden).float()
+    tokens = streams.shape[0]
+    comb = comb_mix.reshape(tokens, hc, hc).float()
+    post = post_mix.reshape(tokens, hc, 1).float()
+    return torch.einsum("nij,nih->njh", comb, streams) + post * x.reshape(tokens, 1, hidden).float()
+
+
+def residual_mismatch(got: Any, want: Any, tolerance: float = 0.02) -> dict[str, Any]:
+    """Rows of ``got`` that differ from finite ``want`` rows by more than ``tolerance`` of its scale."""
+    import torch
+
+    tokens = want.shape[0]
+    got, want = got.reshape(tokens, -1).float(), want.reshape(tokens, -1).float()
+    inherited = ~torch.isfinite(want).all(dim=1)
+    diff = (got - want).abs().nan_to_num(float("inf"), posinf=float("inf")).amax(dim=1)
+    scale = want.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).amax(dim=1)
+    differ = (diff > tolerance * scale) & ~inherited
+    ratio = (diff / scale.clamp_min(1e-30)).clamp(max=1e30)[~inherited]
+    return {
+        "differ_rows": differ.nonzero().flatten().tolist()[:32],
+        "ref_nan_rows": inherited.nonzero().flatten().tolist()[:32],
+        "max_rel": float(ratio.max()) if ratio.numel() else 0.0,
+        "ref_absmax": float(scale.max()) if tokens else 0.0,
+    }
+
+
+def unfused_post_pre(
+    post: Any,
+    pre: Any,
+    x: Any,
+    residual: Any,
+    post_layer_mix: Any,
+    comb_res_mix: Any,
+    fn: Any,
+    hc_scale: Any,
+    hc_base: Any,
+    rms_eps: float,
+    hc_pre_eps: float,
+    hc_sinkhorn_eps: float,
+    hc_post_mult_value: float,
+    sinkhorn_repeat: int,
+    n_splits: int = 1,
+    tile_n: int = 1,
+    norm_weight: Any = None,
+    norm_eps: float = 1e-6,
+) -> tuple[Any, Any, Any, Any]:
+    """``mhc_fused_post_pre_tilelang``'s result through ``post`` then ``pre`` (vLLM's ``mhc_post_tilelang``
+    and ``mhc_pre_tilelang``): ``(residual, post_mix, comb_mix, layer_input)``."""
+    residual_cur = post(x, residual, post_layer_mix, comb_res_mix)
+    post_mix, comb_mix, layer_input = pre(
+        residual_cur,
+        fn,
+        hc_scale,
+        hc_base,
+        rms_eps,
+        hc_pre_eps,
+        hc_sinkhorn_eps,
+        hc_post_mult_value,
+        sinkhorn_repeat,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+    )
+    return residual_cur, post_mix, comb_mix, layer_input
+
+
+def _mhc_check(
+    x: Any, residual: Any, post_mix: Any, comb_mix: Any, out: Any, covers: Any, unfused: bool, part: str
+) -> None:
+    """Compare one mHC step's new residual with :func:`mhc_post_reference`; report it (``mhc``) in budget."""
+    import torch
+
+    torch.cuda.synchronize()
+    found = residual_mismatch(out[0], mhc_post_reference(x, residual, post_mix, comb_mix))
+    layer_input = rows_state(out[3])
+    bad = bool(found["differ_rows"]) or bool(layer_input["nan_rows"])
+    tokens = int(residual.reshape(-1, residual.shape[-2], residual.shape[-1]).shape[0])
+    tally = f"{tokens} tokens {'bad' if bad else 'clean'}"
+    _state["mhc_tally"][tally] = _state["mhc_tally"].get(tally, 0) + 1
+    if bad and _state["mhc_bad"] >= MAX_MHC_BAD:
+        return
+    if not bad and (_state["mhc_clean"] >= MAX_MHC_CLEAN or tokens in _state["mhc_clean_sizes"]):
+        return
+    if not bad:
+        _state["mhc_clean_sizes"].add(tokens)
+    _state["mhc_bad" if bad else "mhc_clean"] += 1
+    emit(
+        "mhc",
+        phase=_state["phase"],
+        forward=_state["forwards"],
+        layer=_state["layer"],
+        part=part,
+        tokens=tokens,
+        hidden=int(residual.shape[-1]),
+        small=covers is not None,
+        covers=covers,
+        unfused=unfused,
+        x_nan_rows=rows_state(x)["nan_rows"],
+        residual_in_nan_rows=rows_state(residual)["nan_rows"],
+        layer_input_nan_rows=layer_input["nan_rows"],
+        **found,
+    )
+
+
+def mhc_tally(where: str) -> None:
+    """How many mHC steps were checked so far in this phase, by token count, clean or bad (``mhc-tally``)."""
+    if _state["mhc_tally"]:
+        emit("mhc-tally", where=where, phase=_state["phase"], calls=dict(sorted(_state["mhc_tally"].items())))
+
+
+def mhc_step(fused: Any, unfused_ops: tuple[Any, Any] | None, check: bool) -> Any:
+    """The model's ``mhc_fused_post_pre_tilelang``: run unfused where the small kernel would not cover the
+    hidden size (``unfused_ops`` given), and check the result against the reference (``check``)."""
+
+    def step(x: Any, residual: Any, post_mix: Any, comb_mix: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens = residual.reshape(-1, residual.shape[-2], residual.shape[-1]).shape[0]
+        covers = small_fma_covers(int(tokens), int(residual.shape[-1]))
+        parts = _state["mhc_parts"]
+        part = parts.pop(0) if parts else "?"
+        unfused = unfused_ops is not None and covers is False
+        if unfused:
+            if not _state.get("unfused_said"):
+                _state["unfused_said"] = True
+                emit("mhc-unfused", tokens=int(tokens), hidden=int(residual.shape[-1]))
+            out = unfused_post_pre(*unfused_ops, x, residual, post_mix, comb_mix, *args, **kwargs)
+        else:
+            out = fused(x, residual, post_mix, comb_mix, *args, **kwargs)
+        if check and not capturing():
+            try:
+                _mhc_check(x, residual, post_mix, comb_mix, out, covers, unfused, part)
+            except Exception as error:
+                emit("error", where="mhc", error=repr(error))
+        return out
+
+    return step
+
+
+def metadata_summary(attn_metadata: Any) -> dict[str, Any]:
+    """Per attention metadata class of one step: its layers and its decode/prefill split."""
+    if not isinstance(attn_metadata, dict):
+        return {"kind": type(attn_metadata).__name__}
+    kinds: dict[str, Any] = {}
+    for name, meta in attn_metadata.items():
+        kind = type(meta).__name__
+        if kind in kinds:
+            kinds[kind]["layers"] += 1
+            continue
+        entry: dict[str, Any] = {"layers": 1, "first": name}
+        for field in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "block_size"):
+            value = getattr(meta, field, None)
+            if isinstance(value, int):
+                entry[field] = value
+        for field in ("query_start_loc_cpu", "query_start_loc", "seq_lens"):
+            value = getattr(meta, field, None)
+            if hasattr(value, "tolist"):
+                entry[field] = value.flatten()[:9].tolist()
+        kinds[kind] = entry
+    return kinds
+
+
 def _patch_model(module: Any) -> None:
-    """Check the V4 decoder layers', MoE's and ``mhc_post``'s outputs of real target steps."""
+    """Check the V4 decoder layers', MoE's and ``mhc_post``'s outputs of real target steps; mHC switches."""
     layer_cls, moe_cls = module.DeepseekV4DecoderLayer, module.DeepseekV4MoE
     layer_forward, moe_forward, post = layer_cls.forward, moe_cls.forward, module.mhc_post_tilelang
+    model_forward = module.DeepseekV4Model.forward
+    check, unfused = os.environ.get(MHC_CHECK_ENV) == "1", os.environ.get(MHC_UNFUSED_ENV) == "1"
+    if check or unfused:
+        ops = None
+        if unfused:
+            import importlib
+
+            kernels = importlib.import_module(MHC_KERNELS_MODULE)
+            ops = (kernels.mhc_post_tilelang, kernels.mhc_pre_tilelang)
+        module.mhc_fused_post_pre_tilelang = mhc_step(module.mhc_fused_post_pre_tilelang, ops, check)
+
+    def model(self: Any, input_ids: Any, positions: Any, *args: Any, **kwargs: Any) -> Any:
+        _state["forwards"] += 1
+        if _state["phase"] == "real" and _state["forwards"] <= METADATA_STEPS and not capturing():
+            try:
+                from vllm.forward_context import get_forward_context, is_forward_context_available
+
+                if is_forward_context_available():
+                    emit(
+                        "metadata",
+                        forward=_state["forwards"],
+                        tokens=int(positions.shape[0]),
+                        positions=positions[:16].tolist(),
+                        input_ids=None if input_ids is None else input_ids[:16].tolist(),
+                        kinds=metadata_summary(get_forward_context().attn_metadata),
+                    )
+            except Exception as error:
+                emit("error", where="metadata", error=repr(error))
+        return model_forward(self, input_ids, positions, *args, **kwargs)
 
     def layer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = layer_forward(self, *args, **kwargs)
         name = str(getattr(self.attn, "prefix", "layer")).removesuffix(".attn")
+        # The layer's fused mHC steps, in order: before attention (all but the first layer), before the MoE.
+        residual = args[5] if len(args) > 5 else kwargs.get("residual")
+        _state["layer"], _state["mhc_parts"] = name, ["ffn"] if residual is None else ["attn", "ffn"]
+        out = layer_forward(self, *args, **kwargs)
         _target_check(f"{name} output", out[0])
         _target_check(f"{name} residual", out[1])
         return out
@@ -418,6 +671,7 @@ def _patch_model(module: Any) -> None:
     layer_cls.forward = layer
     moe_cls.forward = moe
     module.mhc_post_tilelang = mhc_post
+    module.DeepseekV4Model.forward = model
 
 
 def _kv_layers() -> dict[str, Any]:
@@ -466,13 +720,27 @@ def _patch_worker(module: Any) -> None:
                 target_events=_state["target_events"],
             )
             null_block_report("after warm-up")
+            mhc_tally("after warm-up")
+            _state["mhc_tally"], _state["mhc_clean_sizes"] = {}, set()
             if os.environ.get(ZERO_ENV) == "1":
                 for cache in _kv_layers().values():
                     cache.zero_()
                 torch.cuda.synchronize()
                 emit("zeroed", layers=len(_kv_layers()))
-            for key in ("steps", "proposes", "changes", "checks", "sampler", "target_events", "freed"):
+            for key in (
+                "steps",
+                "proposes",
+                "changes",
+                "checks",
+                "sampler",
+                "target_events",
+                "freed",
+                "mhc_bad",
+                "mhc_clean",
+                "forwards",
+            ):
                 _state[key] = 0
+            _state["phase"] = "real"
             _state["watch"] = []
         except Exception as error:
             emit("error", where="engine-ready", error=repr(error))
