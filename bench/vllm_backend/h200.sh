@@ -69,7 +69,8 @@ done
 # DeepSeek V4 (serve-dsv4, serve-dsv4-dspark): the tiny target and its DSpark draft, the sites (V4 needs CuTe
 # DSL and TileLang: `stage.py plan --deepseek-v4` stages them into deps, or they are installed into
 # $root/extra), and FlashMLA's V4 class's non-speculative reference that both phases check against.
-# V4_SERVE_ARGS adds serve.py arguments to every V4 server (e.g. --vllm-arg=--enforce-eager).
+# V4_SERVE_ARGS adds serve.py arguments to every V4 server (e.g. --vllm-arg=--enforce-eager); V4_HIDDEN sets
+# the test model's hidden size (model_dsv4.py --hidden, default 512).
 v4=/tmp/sparkseal-dsv4/h16
 v4_out=$out/serve-dsv4
 v4_ref=$v4_out/flashmla-reference.json
@@ -77,7 +78,7 @@ v4_long=(--long-prompt-tokens 2048 --vocab 100:1000)
 dsv4_setup() {
     # Rewritten each time: the target's configuration does not change with --dspark, so a recorded
     # reference stays valid.
-    "$python" bench/vllm_backend/model_dsv4.py --out "$v4" --heads 16 --dspark >/dev/null
+    "$python" bench/vllm_backend/model_dsv4.py --out "$v4" --heads 16 --hidden "${V4_HIDDEN:-512}" --dspark >/dev/null
     sites=(--site "$root/ours" --site "$root/deps")
     [ -d "$root/extra" ] && sites+=(--site "$root/extra")
     # TileLang's libcudart stub, once loaded, is what FlashInfer's find_loaded_library("libcudart") finds

@@ -32,7 +32,13 @@ The draft written here is therefore the target's configuration plus DSpark's key
 ``architectures`` by ``DSparkDraftModel``. The draft ships no weights (``--load-format dummy``); it
 shares the target's embedding and LM head.
 
-    python3 bench/vllm_backend/model_dsv4.py --out /tmp/dsv4 --heads 16 --topk 512 [--dspark]
+``--hidden`` is the hidden size (default 512, the size of every run recorded so far). vLLM 0.25.1's fused
+hyper-connection kernel for steps of at most 16 tokens (``mhc_fused_tilelang``) gives each of its 256
+threads ``hidden / split / 256`` elements (split 8 or 4, ``fused_mhc_uncovered``), rounded down: at 512
+it writes none of the new residual (bench/results/vllm_backend.md 6b). 2048 is the smallest size it
+covers; DeepSeek V4's own sizes are covered.
+
+    python3 bench/vllm_backend/model_dsv4.py --out /tmp/dsv4 --heads 16 --topk 512 [--hidden 2048] [--dspark]
     # -> /tmp/dsv4/target/config.json (and draft/config.json); vLLM serves it with --load-format dummy
     # --skip-tokenizer-init, the draft with --speculative-config '{"method": "dspark", "model":
     # "/tmp/dsv4/draft", "num_speculative_tokens": 5, "attention_backend": "CUSTOM"}'
@@ -57,7 +63,25 @@ DSPARK_BLOCK_SIZE = 5  # = bench/live/serve.py's NUM_SPECULATIVE_TOKENS
 DSPARK_NUM_NEXTN_PREDICT_LAYERS = 1
 
 
-def config(heads: int, topk: int) -> dict:
+# vLLM 0.25.1 (vllm/model_executor/kernels/mhc/tilelang.py, tilelang_kernels.py): the fused mHC kernel of
+# steps of at most 16 tokens splits the hidden size 8 ways (fewer than 8 tokens, hidden size <= 4096) or 4
+# ways, over blocks of 256 threads, each thread taking (hidden // split) // 256 elements.
+MHC_FUSED_THREADS = 256
+MHC_FUSED_SPLITS = (8, 4)
+
+
+def fused_mhc_uncovered(hidden: int) -> list[int]:
+    """The splits of vLLM 0.25.1's small-step fused mHC kernel that leave part of ``hidden`` unwritten
+    (empty when every element of the new residual is written)."""
+    return [
+        split
+        for split in MHC_FUSED_SPLITS
+        if (split != 8 or hidden <= 4096)
+        and (hidden // split) // MHC_FUSED_THREADS * MHC_FUSED_THREADS * split != hidden
+    ]
+
+
+def config(heads: int, topk: int, hidden: int = HIDDEN_SIZE) -> dict:
     # Window-only, C4A and C128A layers, each twice.
     ratios = [0, 4, 128, 0, 4, 128]
     return {
@@ -75,7 +99,7 @@ def config(heads: int, topk: int) -> dict:
             "scale_fmt": "ue8m0",
         },
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN_SIZE,
+        "hidden_size": hidden,
         "moe_intermediate_size": 256,
         "num_hidden_layers": len(ratios),
         "num_attention_heads": heads,
@@ -132,9 +156,9 @@ def draft_config(target: dict) -> dict:
     }
 
 
-def write(out: Path, heads: int, topk: int, dspark: bool = False) -> list[Path]:
+def write(out: Path, heads: int, topk: int, dspark: bool = False, hidden: int = HIDDEN_SIZE) -> list[Path]:
     """Write ``out/target/config.json`` (and with ``dspark``, ``out/draft/config.json``); return the paths."""
-    target = config(heads, topk)
+    target = config(heads, topk, hidden)
     configs = {"target": target}
     if dspark:
         configs["draft"] = draft_config(target)
@@ -154,8 +178,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128))
     parser.add_argument("--topk", type=int, default=512, help="index_topk, a multiple of 64")
     parser.add_argument("--dspark", action="store_true", help="also write draft/config.json (DSpark draft)")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=HIDDEN_SIZE,
+        help=f"hidden size, a multiple of 256 (default {HIDDEN_SIZE})",
+    )
     args = parser.parse_args(argv)
-    for path in write(args.out, args.heads, args.topk, args.dspark):
+    if args.hidden <= 0 or args.hidden % 256:
+        parser.error(f"--hidden: expected a positive multiple of 256, got {args.hidden}")
+    uncovered = fused_mhc_uncovered(args.hidden)
+    if uncovered:
+        print(
+            f"model_dsv4: hidden size {args.hidden}: vLLM 0.25.1's fused mHC kernel (steps of at most 16 "
+            f"tokens) leaves part of the new residual unwritten at split {'/'.join(map(str, uncovered))}",
+            file=sys.stderr,
+        )
+    for path in write(args.out, args.heads, args.topk, args.dspark, args.hidden):
         print(path)
     return 0
 

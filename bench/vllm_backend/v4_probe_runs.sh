@@ -17,7 +17,9 @@
 #   p  run c with the candidate vLLM patch bench/vllm_backend/candidates/0004-*.patch applied to the staged
 #      vLLM for this run only (restored after it)
 #   q  run p on vLLM's FlashMLA class (the control of the candidate patch)
-# RUNs default to "a z f y"; the mHC runs of section 6b: "c p q" (u instead of p if the patch does not apply). Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
+#   w  run c with a test model of hidden size 2048 (V4_HIDDEN=2048), which the fused mHC kernel covers,
+#      and vLLM unpatched: if it serves, the failure is the 512 test model's, not V4 + DSpark's
+# RUNs default to "a z f y"; the mHC runs of section 6b: "c w p q" (u instead of p if the patch does not apply). Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
 # RESULTS/NAME.log; then the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
 # CACHES=DIR first restores the caches a previous machine saved (bench/live/device.sh restore DIR).
 set -uo pipefail
@@ -98,6 +100,7 @@ for name in $runs; do
     u) SPARKSEAL_MHC_CHECK=1 SPARKSEAL_MHC_UNFUSED_SMALL=1 START_DEADLINE=$first run u CUSTOM 0 ;;
     p) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate p CUSTOM 0 ;;
     q) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate q FLASHMLA_SPARSE_DSV4 0 ;;
+    w) V4_HIDDEN=2048 SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first run w CUSTOM 0 ;;
     *) echo "v4_probe_runs: unknown run $name" >&2 ;;
     esac
     # Only the machine's first server compiles the warm-up's kernels.

@@ -175,6 +175,15 @@ VLLM_SOURCE = [
         "v1/attention/backends/mla/sparse_swa.py",
         "cdiv(self.window_size + self.num_speculative_tokens, 128) * 128",
     ),
+    # The fused mHC kernel's coverage (fused_mhc_uncovered): steps of at most 16 tokens, split 8 or 4,
+    # 256 threads each taking (hidden // split) // 256 elements.
+    ("model_executor/kernels/mhc/tilelang.py", "use_small_fma = num_tokens <= 16"),
+    (
+        "model_executor/kernels/mhc/tilelang.py",
+        "n_splits = 8 if (num_tokens < 8 and hidden_size <= 4096) else 4",
+    ),
+    ("model_executor/kernels/mhc/tilelang_kernels.py", "    n_thr: int = 256,"),
+    ("model_executor/kernels/mhc/tilelang_kernels.py", "    h_iters = h_per_split // n_thr"),
 ]
 
 
@@ -189,3 +198,25 @@ def test_the_vllm_source_reads_what_the_configuration_provides(pristine_vllm_tre
     speculative = (pristine_vllm_tree / "vllm/config/speculative.py").read_text()
     override = speculative[speculative.index('if hf_config.model_type == "deepseek_v4":') :][:400]
     assert 'n_predict = getattr(hf_config, "num_nextn_predict_layers", None)' in override
+
+
+@pytest.mark.parametrize(
+    ("hidden", "uncovered"), [(512, [8, 4]), (1024, [8]), (2048, []), (4096, []), (7168, [])]
+)
+def test_which_hidden_sizes_the_fused_mhc_kernel_writes_whole(hidden: int, uncovered: list[int]) -> None:
+    """512, the size of the runs so far, is written by neither split; DeepSeek V4's 4096 and 7168 are."""
+    assert model_dsv4.fused_mhc_uncovered(hidden) == uncovered
+
+
+def test_the_hidden_size_is_written_and_an_uncovered_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert model_dsv4.main(["--out", str(tmp_path / "w"), "--hidden", "2048", "--dspark"]) == 0
+    for name in ("target", "draft"):
+        assert json.loads((tmp_path / "w" / name / "config.json").read_text())["hidden_size"] == 2048
+    assert capsys.readouterr().err == ""
+    assert model_dsv4.main(["--out", str(tmp_path / "n")]) == 0
+    assert "hidden size 512: vLLM 0.25.1's fused mHC kernel" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        model_dsv4.main(["--out", str(tmp_path / "x"), "--hidden", "300"])
+    assert "--hidden: expected a positive multiple of 256, got 300" in capsys.readouterr().err
