@@ -47,7 +47,7 @@ def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
     except CheckInputError as error:
         parser.error(str(error))
     except SignatureError as error:
-        print(f"sparkseal provenance check: {error}", file=sys.stderr)
+        print(f"sparkseal provenance check: FAILED: {error}", file=sys.stderr)
         return 1
     print(render(report, args.json))
     return 0 if report.ok else 1
