@@ -67,14 +67,21 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def sign(statement: Path, key: Path, out: Path | None = None) -> Path:
     """Sign the statement at ``statement`` with the private key at ``key``; return where the envelope went."""
-    _, dsse, (crypto_signer, sslib_key) = trust_libraries()
     payload = read_input(statement, "a provenance statement")
     load_statement(statement, payload)  # sign only what check would accept
+    return sign_payload(payload, key, out or envelope_path(statement))
+
+
+def sign_payload(payload: bytes, key: Path, target: Path) -> Path:
+    """Write the DSSE envelope of the in-toto statement ``payload``, signed with ``key``, to ``target``.
+
+    The one signer of the statements this project writes: the provenance, and ``verify``'s summaries.
+    """
+    _, dsse, (crypto_signer, sslib_key) = trust_libraries()
     private = load_private_key(key)
     signer = crypto_signer(private, sslib_key.from_crypto(private.public_key()))
     envelope = dsse.Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
     envelope.sign(signer)
-    target = out or envelope_path(statement)
     text = json.dumps(envelope.to_dict(), indent=2, sort_keys=True) + "\n"
     _write_atomically(target, text.encode("ascii"))
     return target
