@@ -1,6 +1,6 @@
 """Signed provenance: the in-toto statement in a DSSE envelope, signed with the operator's ed25519 key.
 
-SLSA Build L2 asks that provenance be bound to a builder key: ``sparkseal provenance sign --key KEY``
+Signed provenance binds the statement to the builder's key: ``sparkseal provenance sign --key KEY``
 wraps the statement (payload type ``application/vnd.in-toto+json``) in a DSSE envelope, and
 ``sparkseal provenance check --pubkey KEY`` verifies the signature before it trusts a single subject.
 Keys are PEM files the operator provides (``openssl genpkey -algorithm ed25519 -out key.pem``,
