@@ -126,10 +126,15 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
             "PYTHONDONTWRITEBYTECODE": "1",
             "VIRTUAL_ENV": VENV,
         },
+        # No revision label here: that names the source of the image, this repository's commit, which
+        # `--stamp` adds (rules/private/oci_image.bzl). vLLM's commit is vLLM's, and is said so.
         labels = {
+            "org.opencontainers.image.description": "vLLM %s (commit %s) with sparkseal's patches, for GB10" % (
+                vllm.version,
+                vllm.commit,
+            ),
             "org.opencontainers.image.title": "sparkseal vLLM",
             "org.opencontainers.image.version": vllm.version,
-            "org.opencontainers.image.revision": vllm.commit,
         },
         layers = [
             ":layer_%s_%s" % (layer, platform)

@@ -52,6 +52,12 @@ def _oci_image_impl(ctx):
         args.add("--workdir", ctx.attr.workdir)
     if ctx.attr.user:
         args.add("--user", ctx.attr.user)
+
+    # Only with --stamp does the image read Bazel's stable status file (its revision label: this
+    # repository's commit); otherwise a new commit leaves the image's digest as it is.
+    if ctx.attr.stamp:
+        args.add("--revision-from", ctx.info_file)
+        inputs.append(ctx.info_file)
     args.add_all(["--layout", layout.path, "--digest", digest], expand_directories = False)
     ctx.actions.run(
         executable = ctx.executable._tool,
@@ -85,6 +91,11 @@ _oci_image = rule(
         "labels": attr.string_dict(doc = "The image config's Labels (e.g. org.opencontainers.image.*)."),
         "workdir": attr.string(doc = "The image config's WorkingDir; unset: the engine's default (/)."),
         "user": attr.string(doc = "The image config's User (NAME, UID or UID:GID); unset: root."),
+        "stamp": attr.bool(
+            doc = "Label org.opencontainers.image.revision with this repository's commit (`-dirty` for a " +
+                  "tree with uncommitted changes), from Bazel's stable status file; `oci_image` sets it " +
+                  "when the build runs with `--stamp`. Off, the image names no revision.",
+        ),
         "_tool": tool("//sparkseal/actions:oci_image"),
     },
 )
@@ -217,7 +228,18 @@ oci_push = rule(
 )
 
 def oci_image(name, visibility = None, tags = None, testonly = None, **kwargs):
-    """An oci_image `name` plus its runnable targets `name.load` and `name.push` (oci_load, oci_push)."""
-    _oci_image(name = name, visibility = visibility, tags = tags, testonly = testonly, **kwargs)
+    """An oci_image `name` plus its runnable targets `name.load` and `name.push` (oci_load, oci_push).
+
+    The image is stamped (label org.opencontainers.image.revision: this repository's commit) when the
+    build runs with `--stamp`, and only then.
+    """
+    _oci_image(
+        name = name,
+        stamp = select({str(Label("//rules:stamped")): True, "//conditions:default": False}),
+        visibility = visibility,
+        tags = tags,
+        testonly = testonly,
+        **kwargs
+    )
     oci_load(name = name + ".load", image = ":" + name, visibility = visibility, tags = tags, testonly = testonly)
     oci_push(name = name + ".push", image = ":" + name, visibility = visibility, tags = tags, testonly = testonly)

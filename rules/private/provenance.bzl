@@ -104,11 +104,17 @@ def _provenance_impl(ctx):
     cuda_archs = ctx.attr._cuda_archs_flag[CudaArchsInfo].archs
     if cuda_archs:
         args.add("--cuda-archs", ";".join(cuda_archs))
+
+    # The source (repository, commit, clean or dirty tree): Bazel's stable status file, which the
+    # workspace status command of .bazelrc fills (sparkseal/core/source.py). This small action is the only
+    # reader without --stamp, so a new commit re-runs it and leaves every layer and the image digest be.
+    args.add("--source-status", ctx.info_file)
     args.add("--out", out)
     ctx.actions.run(
         executable = ctx.executable._tool,
         arguments = [args],
         inputs = ctx.files.patches + ctx.files.built_wheels + ctx.files.scanner_lock + zstd_lock + [
+            ctx.info_file,
             ctx.file.vllm_lock,
             ctx.file.python_lock,
             ctx.file.tools_lock,

@@ -10,6 +10,11 @@ named by the layout's ``sparkseal-external-blobs.json`` (``sparkseal.core.oci.EX
 image costs kilobytes on top of its layers. ``bazel run //:image.load -- --oci-layout DIR`` writes an
 ordinary, complete layout for tools that want one. No docker-archive is written here either: ``oci_load``
 streams one when it is run (``sparkseal.core.docker_archive``), so a build writes the image once.
+
+With ``--revision-from`` (a build with ``--stamp``: Bazel's stable status file) the config's label
+``org.opencontainers.image.revision`` is this repository's commit (``-dirty`` appended for a tree with
+uncommitted changes, ``sparkseal.core.source``); a build whose source is unknown fails rather than stamp
+nothing. Without it there is no revision label, so the digest does not move with an unrelated commit.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ from sparkseal.core.oci import (
     write_blob,
 )
 from sparkseal.core.platforms import OciPlatform, oci_platform
+from sparkseal.core.source import SourceError, parse_status
+
+# The OCI label that names the source revision of the image: ours, and only when stamping asks for it.
+REVISION_LABEL = "org.opencontainers.image.revision"
 
 
 class OciError(Exception):
@@ -210,13 +219,29 @@ def assemble(
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, str]:
-    pairs = {}
+    pairs: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise OciError(f"{flag} {item!r}: expected KEY=VALUE")
         pairs[key] = value
     return pairs
+
+
+def stamped_revision(status: Path, labels: dict[str, str]) -> str:
+    """The revision label's value from Bazel's stable status file; a conflicting ``--label`` or an
+    unknown source is an error naming the file."""
+    if REVISION_LABEL in labels:
+        raise OciError(
+            f"--label {REVISION_LABEL}: expected it only from --revision-from {status} (--stamp), "
+            f"found it given as {labels[REVISION_LABEL]!r}"
+        )
+    try:
+        return parse_status(status.read_text(encoding="utf-8"), str(status)).revision()
+    except OSError as error:
+        raise OciError(f"{status}: expected Bazel's stable status file, cannot read it: {error}") from None
+    except SourceError as error:
+        raise OciError(f"--stamp: {status}: {error}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cmd", action="append", help="one command word (use --cmd=WORD)")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE")
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE")
+    parser.add_argument(
+        "--revision-from",
+        type=Path,
+        default=None,
+        help=f"Bazel's stable status file: label {REVISION_LABEL} with this repository's commit (--stamp)",
+    )
     parser.add_argument("--workdir", default="")
     parser.add_argument("--user", default="")
     parser.add_argument("--layout", type=Path, required=True, help="OCI image layout directory to write")
@@ -242,12 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         layers = [load_layer(name, Path(d), Path(b)) for name, d, b in args.layer]
+        labels = _key_values(args.label, "--label")
+        if args.revision_from is not None:
+            labels[REVISION_LABEL] = stamped_revision(args.revision_from, labels)
         config = ImageConfig(
             entrypoint=args.entrypoint,
             cmd=args.cmd,
             env=args.env,
             workdir=args.workdir,
-            labels=_key_values(args.label, "--label"),
+            labels=labels,
             user=args.user,
         )
         assemble(layers, args.platform, config, args.tag, args.layout, args.digest)

@@ -8,12 +8,16 @@ the same bytes:
   the module manifest and the SBOM (the sha256 of each file). Each subject's ``name`` is its path below
   ``bazel-bin`` and its ``annotations.kind`` says how ``sparkseal provenance check`` re-derives the digest.
 * ``buildDefinition.externalParameters``: the platform, the Bazel targets, the CUDA architecture override.
-* ``buildDefinition.resolvedDependencies``: the locked vLLM commit, sdist and upstream wheel, every patch of
-  the series (in series order), every locked wheel and Debian package of the platform, the kernel
-  toolchain's wheels, the build tools' wheels, the secret scanner's wheels (the scanner and version that
-  scanned every layer), and the Debian packages of the locked interpreter every action ran on
-  (``interpreter``) and of the locked compilers of the kernels (``compiler``), each with its sha256. Each
-  carries ``annotations.role``.
+* ``buildDefinition.resolvedDependencies``: first the source of this build, this repository's commit
+  (``uri`` ``git+https://HOST/PATH@refs/heads/BRANCH`` without credentials, ``digest.gitCommit``,
+  ``annotations.tree`` ``clean`` or ``dirty``), read from Bazel's stable status file
+  (``sparkseal.core.source``); when the build did not know it, no such entry but
+  ``internalParameters.source.unknown`` with the reason. Then the locked vLLM commit, sdist and upstream
+  wheel, every patch of the series (in series order), every locked wheel and Debian package of the
+  platform, the kernel toolchain's wheels, the build tools' wheels, the secret scanner's wheels (the
+  scanner and version that scanned every layer), and the Debian packages of the locked interpreter every
+  action ran on (``interpreter``) and of the locked compilers of the kernels (``compiler``), each with its
+  sha256. Each carries ``annotations.role``.
 * ``runDetails.builder``: :data:`BUILDER_ID`, with the interpreter that runs the actions (read here at run
   time) and the Bazel release only where Bazel reported one.
 * ``buildDefinition.internalParameters.bazel``: what is known of the Bazel that ran, each in a field that says
@@ -37,7 +41,7 @@ As an action::
         --subject oci-image NAME DIGEST_FILE --image-tag TAG --subject pex NAME DIGEST_FILE \\
         --subject module-manifest NAME FILE --subject sbom NAME FILE \\
         --target //:image_linux_aarch64 ... --bazel-inferred '< 6.2' [--bazel-release R] \\
-        [--bazel-declared R] --out provenance.intoto.json
+        [--bazel-declared R] [--source-status stable-status.txt] --out provenance.intoto.json
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from sparkseal.core.locks import (
 )
 from sparkseal.core.oci import LAYER_MEDIA_TYPES
 from sparkseal.core.repo_names import apparent_text
+from sparkseal.core.source import NO_STATUS, Source, SourceError, parse_status
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,23 @@ class Inputs:
     zstd_lock: Path | None = None
     interpreter_lock: Path | None = None
     compiler_lock: Path | None = None
+    source_status: Path | None = None
+
+
+def read_source(status: Path | None) -> Source:
+    """The source recorded in Bazel's stable status file; unknown (and why) without one."""
+    if status is None:
+        return Source(unknown=NO_STATUS)
+    try:
+        text = status.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ProvenanceError(
+            f"{status}: expected Bazel's stable status file, cannot read it: {error}"
+        ) from None
+    try:
+        return parse_status(text, str(status))
+    except SourceError as error:
+        raise ProvenanceError(str(error)) from None
 
 
 def patch_descriptors(patches: Iterable[tuple[str, Path]]) -> list[dict[str, Any]]:
@@ -146,7 +168,10 @@ def statement(inputs: Inputs) -> dict[str, Any]:
             f"found {', '.join(kinds) or 'none'}"
         )
     vllm = read_vllm_lock(inputs.vllm_lock, inputs.platform)
+    source = read_source(inputs.source_status)
+    source_entry = source.descriptor()
     dependencies = [
+        *([source_entry] if source_entry else []),
         vllm.source(),
         vllm.sdist.descriptor(),
         vllm.wheel.descriptor(),
@@ -182,6 +207,10 @@ def statement(inputs: Inputs) -> dict[str, Any]:
         # Only a non-default compression is a parameter: gzip images keep their statements as before.
         parameters["layerCompression"] = inputs.layer_compression
     bazel = bazel_record(inputs.bazel_release, inputs.bazel_inferred, inputs.bazel_declared)
+    internal: dict[str, Any] = {"bazel": bazel, "sourceDateEpoch": SOURCE_DATE_EPOCH}
+    if source_entry is None:
+        # Said plainly rather than left out: a reader must not take a missing source for a clean one.
+        internal["source"] = {"unknown": source.unknown}
     # The builder names a Bazel release only where Bazel reported one: nothing unmeasured is stated there.
     version = {"python": interpreter(), **({"bazel": bazel["release"]} if bazel["release"] else {})}
     byproducts = sorted((built_wheel(path) for path in inputs.built_wheels), key=lambda item: item.filename)
@@ -195,7 +224,7 @@ def statement(inputs: Inputs) -> dict[str, Any]:
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
                 "externalParameters": parameters,
-                "internalParameters": {"bazel": bazel, "sourceDateEpoch": SOURCE_DATE_EPOCH},
+                "internalParameters": internal,
                 "resolvedDependencies": dependencies,
             },
             "runDetails": {
@@ -265,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--bazel-declared", default=None, help="the release the builder names (not measured)")
     parser.add_argument("--cuda-archs", default="", help="the CUDA architecture override ('' = per wheel)")
+    parser.add_argument(
+        "--source-status",
+        type=Path,
+        default=None,
+        help="Bazel's stable status file (ctx.info_file): the repository, commit and tree state",
+    )
     parser.add_argument("--out", type=Path, required=True, help="statement JSON to write")
     args = parser.parse_args(argv)
     subjects = []
@@ -294,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         zstd_lock=args.zstd_lock,
         interpreter_lock=args.interpreter_lock,
         compiler_lock=args.compiler_lock,
+        source_status=args.source_status,
     )
     try:
         text = dumps(statement(inputs))

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +34,13 @@ _CHUNK = 1 << 20
 
 @dataclass
 class Difference:
-    """One output that differs: the artifact, where inside it, and the diffoscope reports written."""
+    """One output that differs: the artifact, where inside it, the image layers that differ (by name and
+    the two digests), and the diffoscope reports written."""
 
     artifact: str
     detail: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
+    layers: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -140,7 +143,7 @@ def _layer_difference(
     detail = [f"layer {name}: {digests[0]} vs {digests[1]}"]
     try:
         a, b = _members(blob_a), _members(blob_b)
-    except ArchiveError as error:  # a layer refused as unreadable: the difference stands, unexplained
+    except (ArchiveError, tarfile.TarError) as error:  # unreadable: the difference stands, unexplained
         return [*detail, f"  members not compared: {error}"], []
     changed = sorted(n for n in a.keys() & b.keys() if a[n] != b[n])
     detail += [f"  only in the first build: {n}" for n in sorted(a.keys() - b.keys())[:LISTED_MEMBERS]]
@@ -172,6 +175,7 @@ def compare_layouts(artifact: str, first: Path, second: Path, report_dir: Path) 
         difference.detail.append(f"layer count: {len(layers_a)} vs {len(layers_b)}")
     for (layer_a, name), (layer_b, _) in zip(layers_a, layers_b, strict=False):
         if layer_a != layer_b:
+            difference.layers.append({"layer": name, "first": layer_a, "second": layer_b})
             detail, reports = _layer_difference(first, second, name, (layer_a, layer_b), report_dir)
             difference.detail += detail
             difference.reports += reports

@@ -47,7 +47,7 @@ def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
     except CheckInputError as error:
         parser.error(str(error))
     except SignatureError as error:
-        print(f"sparkseal provenance check: {error}", file=sys.stderr)
+        print(f"sparkseal provenance check: FAILED: {error}", file=sys.stderr)
         return 1
     print(render(report, args.json))
     return 0 if report.ok else 1
@@ -130,10 +130,28 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not (workspace / "WORKSPACE").is_file():
         parser.error(f"--workspace {workspace}: expected a Bazel workspace (no WORKSPACE file there)")
     report_dir = args.report_dir or workspace / "bazel-verify"
+    if args.key is not None:
+        # The key is read before hours of building, not after.
+        from sparkseal.audit.provenance_sign import load_private_key
+        from sparkseal.core.dsse import SigningInputError
+
+        try:
+            load_private_key(args.key)
+        except SigningInputError as error:
+            parser.error(f"--key: {error}")
     try:
-        result = verify(workspace, targets, args.against, report_dir.resolve(), args.keep, args.scratch)
+        result = verify(
+            workspace,
+            targets,
+            args.against,
+            report_dir.resolve(),
+            args.keep,
+            args.scratch,
+            args.bazel_arg,
+            args.key,
+        )
     except RebuildError as error:
-        print(f"sparkseal verify: {error}", file=sys.stderr)
+        print(f"sparkseal verify: no verdict: {error}", file=sys.stderr)
         return 2
     print(render(result, args.json))
     return 0 if result.ok else 1
@@ -149,8 +167,10 @@ def add_verify(commands: argparse._SubParsersAction) -> None:
         "checkout at another path with a clean output base, files created in reverse order, HOME empty, "
         f"TZ={SECOND_TZ}, LANG/LC_ALL={SECOND_LOCALE} and the umask's group-write bit flipped; disk and "
         "remote caches off, downloads shared through the sha256-verified repository cache. Every output "
-        "is compared; an OCI image down to the layer and the file. Differences are findings (exit 1), "
-        "each with a diffoscope report; a failed build is exit 2.",
+        "is compared; an OCI image down to the layer and the file. The last line is the verdict: PASSED "
+        "(exit 0) or FAILED (exit 1, each difference with a diffoscope report); a failed build gives no "
+        "verdict (exit 2). Each target's verdict is also written as a SLSA Verification Summary "
+        "Attestation (REPORT_DIR/<target>.vsa.intoto.json), DSSE-signed with --key.",
     )
     verify.add_argument(
         "targets", nargs="*", metavar="TARGET", help=f"Bazel targets (default: {' '.join(DEFAULT_TARGETS)})"
@@ -161,9 +181,25 @@ def add_verify(commands: argparse._SubParsersAction) -> None:
         help="skip the first build: compare the rebuilt target's digest (image or PEX .digest output, else "
         "its one file's sha256) with this published sha256:... digest",
     )
+    verify.add_argument(
+        "--bazel-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a Bazel build argument for both builds, written --bazel-arg=ARG (--bazel-arg=--config=bazel7); "
+        "repeat for more",
+    )
+    verify.add_argument(
+        "--key",
+        type=Path,
+        default=None,
+        help="ed25519 private key (PEM): sign each verification summary (a DSSE envelope beside it)",
+    )
     verify.add_argument("--workspace", type=Path, default=Path.cwd(), help="the checkout (default: .)")
     verify.add_argument(
-        "--report-dir", type=Path, help="where diffoscope reports go (default: WORKSPACE/bazel-verify)"
+        "--report-dir",
+        type=Path,
+        help="where diffoscope reports and verification summaries go (default: WORKSPACE/bazel-verify)",
     )
     verify.add_argument("--scratch", type=Path, help="parent of the rebuild's temporary directory")
     verify.add_argument("--keep", action="store_true", help="keep the rebuild's checkout and output base")

@@ -10,10 +10,13 @@ root directory (by default the statement's own directory: ``bazel-bin`` for the 
 * ``pex`` (a packed PEX directory): the sha256 of its ``sha256sum``-style listing;
 * ``module-manifest``, ``sbom`` (files): the sha256 of the file.
 
-A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest. A
-statement that is not an in-toto Statement v1 with SLSA v1 provenance, whose record of the Bazel that ran
-is malformed (``sparkseal.core.locks.bazel_record_problem``), or an artifact that is missing, is an input
-error (:class:`CheckInputError`, exit 2).
+A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest; the
+report ends with the verdict, ``PASSED`` or ``FAILED``. It also says what the statement records of the
+source (``sparkseal.core.source``): the repository and commit, a build from a dirty tree as such, or that
+the source is unknown and why. A statement that is not an in-toto Statement v1 with SLSA v1 provenance,
+whose record of the Bazel that ran or of the source is malformed
+(``sparkseal.core.locks.bazel_record_problem``, ``sparkseal.core.source.statement_source``), or an
+artifact that is missing, is an input error (:class:`CheckInputError`, exit 2): no verdict.
 
 A signed statement (a DSSE envelope, ``sparkseal provenance sign``) is checked with ``pubkey``: its
 signature is verified first (``sparkseal.core.dsse``, the envelope module that signing uses too) and only
@@ -34,6 +37,9 @@ from sparkseal.core.digests import sha256_file, tree_digest
 from sparkseal.core.locks import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS, bazel_record_problem
 from sparkseal.core.manifest import FORMAT as MODULE_MANIFEST_FORMAT
 from sparkseal.core.oci import LayoutError, blob_path, read_image
+from sparkseal.core.source import Source, SourceError, describe, statement_source
+
+PASSED, FAILED = "PASSED", "FAILED"
 
 
 class CheckInputError(Exception):
@@ -63,16 +69,27 @@ class Report:
     provenance: str
     checks: tuple[Check, ...]
     signed_by: str | None = None  # the public key whose signature verified, for signed statements
+    source: Source | None = None  # what the statement records of the source; None: nothing
 
     @property
     def ok(self) -> bool:
         """True when every check matched."""
         return all(check.ok for check in self.checks)
 
+    @property
+    def verdict(self) -> str:
+        """``PASSED`` when every check matched, else ``FAILED``."""
+        return PASSED if self.ok else FAILED
+
 
 def load_statement(path: Path, content: bytes | None = None) -> list[dict[str, Any]]:
     """The subjects of a provenance statement (``content``, else the file at ``path``), each checked for a
     name, a sha256 and a known kind."""
+    return _load(path, content)[1]
+
+
+def _load(path: Path, content: bytes | None) -> tuple[Source | None, list[dict[str, Any]]]:
+    """The source record and the subjects of a provenance statement, each checked."""
     try:
         data = json.loads(path.read_bytes() if content is None else content)
     except FileNotFoundError as error:
@@ -90,6 +107,10 @@ def load_statement(path: Path, content: bytes | None = None) -> list[dict[str, A
     problem = bazel_record_problem(data)
     if problem is not None:
         raise CheckInputError(f"{path}: {problem}")
+    try:
+        source = statement_source(data)
+    except SourceError as error:
+        raise CheckInputError(f"{path}: {error}") from None
     subjects = data.get("subject")
     if not isinstance(subjects, list) or not subjects:
         raise CheckInputError(f"{path}: expected a non-empty subject list, found {subjects!r}")
@@ -102,7 +123,7 @@ def load_statement(path: Path, content: bytes | None = None) -> list[dict[str, A
                 f"{path}: subject[{index}]: expected name, digest.sha256 and annotations.kind in "
                 f"{', '.join(SUBJECT_KINDS)}, found name={name!r} sha256={sha256!r} kind={kind!r}"
             )
-    return subjects
+    return source, subjects
 
 
 def artifact_kind(path: Path) -> str:
@@ -225,7 +246,7 @@ def check(
     :class:`sparkseal.core.dsse.SignatureError`).
     """
     payload = _verified_payload(provenance, pubkey)
-    subjects = load_statement(provenance, payload)
+    source, subjects = _load(provenance, payload)
     given: dict[str, Path] = {}
     for path in artifacts:
         kind = artifact_kind(path)
@@ -243,7 +264,7 @@ def check(
     for subject in subjects:
         kind = subject["annotations"]["kind"]
         checks += subject_checks(subject, given.get(kind, base / subject["name"]))
-    return Report(str(provenance), tuple(checks), str(pubkey) if payload is not None else None)
+    return Report(str(provenance), tuple(checks), str(pubkey) if payload is not None else None, source)
 
 
 def render(report: Report, as_json: bool) -> str:
@@ -252,11 +273,14 @@ def render(report: Report, as_json: bool) -> str:
         body = {
             "provenance": report.provenance,
             "ok": report.ok,
+            "verdict": report.verdict,
             "signed_by": report.signed_by,
+            "source": asdict(report.source) if report.source else None,
             "checks": [{**asdict(check), "ok": check.ok} for check in report.checks],
         }
         return json.dumps(body, indent=2, sort_keys=True)
     lines = [f"ok signature (ed25519) verifies with {report.signed_by}"] if report.signed_by else []
+    lines.append(describe(report.source))
     for item in report.checks:
         if item.ok:
             lines.append(f"ok {item.subject} ({item.kind}) sha256:{item.actual}")
@@ -266,5 +290,5 @@ def render(report: Report, as_json: bool) -> str:
                 f"from {report.provenance}, actual sha256:{item.actual}"
             )
     bad = sum(not item.ok for item in report.checks)
-    lines.append(f"{len(report.checks)} checks, {bad} differ")
+    lines.append(f"{report.verdict}: {len(report.checks)} checks, {bad} differ")
     return "\n".join(lines)

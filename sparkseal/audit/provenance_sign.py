@@ -1,6 +1,6 @@
 """Signed provenance: the in-toto statement in a DSSE envelope, signed with the operator's ed25519 key.
 
-SLSA Build L2 asks that provenance be bound to a builder key: ``sparkseal provenance sign --key KEY``
+Signed provenance binds the statement to the builder's key: ``sparkseal provenance sign --key KEY``
 wraps the statement (payload type ``application/vnd.in-toto+json``) in a DSSE envelope, and
 ``sparkseal provenance check --pubkey KEY`` verifies the signature before it trusts a single subject.
 Keys are PEM files the operator provides (``openssl genpkey -algorithm ed25519 -out key.pem``,
@@ -67,14 +67,21 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def sign(statement: Path, key: Path, out: Path | None = None) -> Path:
     """Sign the statement at ``statement`` with the private key at ``key``; return where the envelope went."""
-    _, dsse, (crypto_signer, sslib_key) = trust_libraries()
     payload = read_input(statement, "a provenance statement")
     load_statement(statement, payload)  # sign only what check would accept
+    return sign_payload(payload, key, out or envelope_path(statement))
+
+
+def sign_payload(payload: bytes, key: Path, target: Path) -> Path:
+    """Write the DSSE envelope of the in-toto statement ``payload``, signed with ``key``, to ``target``.
+
+    The one signer of the statements this project writes: the provenance, and ``verify``'s summaries.
+    """
+    _, dsse, (crypto_signer, sslib_key) = trust_libraries()
     private = load_private_key(key)
     signer = crypto_signer(private, sslib_key.from_crypto(private.public_key()))
     envelope = dsse.Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
     envelope.sign(signer)
-    target = out or envelope_path(statement)
     text = json.dumps(envelope.to_dict(), indent=2, sort_keys=True) + "\n"
     _write_atomically(target, text.encode("ascii"))
     return target

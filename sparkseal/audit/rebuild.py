@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from sparkseal.core import digests
+from sparkseal.core.source import Source, SourceError, parse_status
 from sparkseal.scan.scanner import ScanInputError, git_listed
 
 DEFAULT_TARGETS = ("//:image", "//:pex")
@@ -152,7 +154,9 @@ def run_bazel(
     """``bazel build TARGETS`` in ``workspace``: the outputs by target; :class:`RebuildError` on failure."""
     bazel = shutil.which("bazel")
     if bazel is None:
-        raise RebuildError("bazel is not on PATH (run `make setup`)")
+        raise RebuildError(
+            "bazel is not on PATH (`make tools` installs it, with diffoscope, for `sparkseal verify`)"
+        )
     bep = log.with_suffix(".bep.json")
     command = [bazel, *(startup or [])]
     if output_base is not None:
@@ -236,8 +240,39 @@ def second_environment(home: Path) -> tuple[dict[str, str], dict[str, str], int]
     return env, variations, umask
 
 
-def second_build(workspace: Path, targets: list[str], scratch: Path) -> Build:
-    """Copy the checkout below ``scratch`` and build ``targets`` there with every variation applied."""
+def workspace_status(workspace: Path) -> tuple[Source, str]:
+    """What the workspace status command (``sparkseal.fetch.workspace_status``) says of ``workspace``: the
+    source it records and the text Bazel would write."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkseal.fetch.workspace_status", "--root", str(workspace)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return Source(unknown=f"the workspace status command failed ({done.returncode})"), ""
+    try:
+        return parse_status(done.stdout, "the workspace status command's output"), done.stdout
+    except SourceError as error:
+        return Source(unknown=str(error)), ""
+
+
+def _status_command(scratch: Path, status: str) -> Path:
+    """A workspace status command that prints ``status``: the copy is no git checkout, but holds the
+    files of the checkout the status describes, so the rebuild records the same source."""
+    text = scratch / "workspace-status.txt"
+    text.write_text(status, encoding="utf-8")
+    script = scratch / "workspace-status"
+    script.write_text(f"#!/bin/sh\nexec cat '{text}'\n", encoding="utf-8")
+    script.chmod(0o755)
+    return script
+
+
+def second_build(
+    workspace: Path, targets: list[str], scratch: Path, bazel_args: list[str] | None = None, status: str = ""
+) -> Build:
+    """Copy the checkout below ``scratch`` and build ``targets`` there with every variation applied;
+    ``status`` (the first checkout's workspace status) stands in for git, which the copy lacks."""
     clone = scratch / "rebuild" / "src" / workspace.name
     output_base = scratch / "rebuild" / "output-base"
     home = scratch / "rebuild" / "home"
@@ -255,6 +290,9 @@ def second_build(workspace: Path, targets: list[str], scratch: Path) -> Build:
         "--remote_cache=",
         "--noremote_accept_cached",
     ]
+    if status:
+        flags.append(f"--workspace_status_command={_status_command(scratch / 'rebuild', status)}")
+    flags += bazel_args or []
     try:
         outputs = run_bazel(
             clone,
@@ -278,9 +316,11 @@ def second_build(workspace: Path, targets: list[str], scratch: Path) -> Build:
     return Build(clone, output_base, variations, outputs)
 
 
-def first_build(workspace: Path, targets: list[str], scratch: Path) -> Build:
-    """``bazel build TARGETS`` in the checkout itself, as its user would."""
-    outputs = run_bazel(workspace, targets, log=scratch / "first.log")
+def first_build(
+    workspace: Path, targets: list[str], scratch: Path, bazel_args: list[str] | None = None
+) -> Build:
+    """``bazel build TARGETS`` in the checkout itself, as its user would (``bazel_args`` passed through)."""
+    outputs = run_bazel(workspace, targets, flags=bazel_args, log=scratch / "first.log")
     return Build(workspace, None, {}, outputs)
 
 

@@ -37,7 +37,7 @@ def trust_libraries() -> tuple[Any, Any, Any]:
         from securesystemslib.signer import CryptoSigner, SSlibKey
     except ImportError as error:
         raise SigningInputError(
-            f"signing needs securesystemslib and cryptography (make setup installs them from "
+            f"signing needs securesystemslib and cryptography (`make tools` installs them from "
             f".ci/requirements-trust.txt): {error}"
         ) from None
     return serialization, dsse, (CryptoSigner, SSlibKey)

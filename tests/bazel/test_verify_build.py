@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -81,7 +82,8 @@ def test_an_identical_rebuild_passes_and_lists_the_variations(workspace: Path) -
         "file creation order",
     ):
         assert f"  {variation}: " in result.stdout
-    assert result.stdout.splitlines()[-1].startswith("identical: 1 outputs")
+    assert result.stdout.splitlines()[-1].startswith("PASSED: identical: 1 outputs")
+    assert result.stdout.splitlines()[0] == "source: UNKNOWN: the git checkout has no commit yet"
 
 
 def test_a_leaking_file_is_named_by_image_layer_and_member(workspace: Path, tmp_path: Path) -> None:
@@ -94,6 +96,12 @@ def test_a_leaking_file_is_named_by_image_layer_and_member(workspace: Path, tmp_
     assert "etc/leaky.txt: file mode 0644 owner 0:0 mtime 315532800" in out
     assert "layer //:layer_stable" not in out
     assert "DIFFERS image.digest" in out
+    assert out.splitlines()[-1].startswith("FAILED: ")
+    summary = json.loads((reports / "image.vsa.intoto.json").read_text())["predicate"]
+    assert summary["verificationResult"] == "FAILED"
+    differences = summary["urn:sparkseal:verify:inputs:v1"]["differences"]
+    [image] = [d for d in differences if d["artifact"] == "image"]
+    assert [layer["layer"] for layer in image["layers"]] == ["//:layer_leaky"]
     report_lines = [line.split("report: ", 1)[1] for line in out.splitlines() if "report: " in line]
     if shutil.which("diffoscope"):
         member_report = next(r for r in report_lines if r.endswith("leaky.txt.diffoscope.txt"))
@@ -107,7 +115,7 @@ def test_against_a_published_digest(workspace: Path) -> None:
     published = "sha256:" + hashlib.sha256(b"hello\n").hexdigest()
     good = _verify(workspace, "//:stable", "--against", published)
     assert good.returncode == 0, good.stdout + good.stderr
-    assert f"identical: digest {published} as published" in good.stdout
+    assert good.stdout.splitlines()[-1].startswith(f"PASSED: identical: digest {published} as published")
     wrong = "sha256:" + "0" * 64
     bad = _verify(workspace, "//:stable", "--against", wrong)
     assert bad.returncode == 1
@@ -122,7 +130,8 @@ def test_usage_errors_and_failed_builds_exit_2(workspace: Path) -> None:
     assert short.returncode == 2 and "expected sha256:<64 hex digits>" in short.stderr
     missing = _verify(workspace, "//:nothing")
     assert missing.returncode == 2
-    assert "sparkseal verify: bazel build //:nothing in " in missing.stderr and "failed (1)" in missing.stderr
+    assert "sparkseal verify: no verdict: bazel build //:nothing in " in missing.stderr
+    assert "failed (1)" in missing.stderr
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import subprocess
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -22,6 +23,14 @@ from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env
 from tests.unit.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
 
 TAG = "sparkseal/vllm:0.25.1-linux_aarch64"
+# The source of the fake build, as Bazel's stable status file holds it (beside Bazel's own keys).
+SOURCE_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SOURCE_URI = "git+https://git.example.org/acme/sparkseal.git@refs/heads/main"
+STATUS = (
+    "BUILD_EMBED_LABEL \nBUILD_HOST builder\nBUILD_USER someone\n"
+    f"STABLE_SPARKSEAL_SOURCE_COMMIT {SOURCE_COMMIT}\nSTABLE_SPARKSEAL_SOURCE_TREE clean\n"
+    f"STABLE_SPARKSEAL_SOURCE_URI {SOURCE_URI}\n"
+)
 SCANNER_LOCK = Path(__file__).resolve().parents[2] / "third_party/scan/scanner.lock.json"
 
 
@@ -103,6 +112,7 @@ def provenance_args(build: Build, out: Path) -> list[str]:
         "--target", "//:image_linux_aarch64",
         "--target", "//:pex_linux_aarch64",
         "--bazel-inferred", "< 6.2",
+        "--source-status", str(build.inputs.vllm_lock.parent / "stable-status.txt"),
         "--out", str(out),
     ]  # fmt: skip
     for name, path in inputs.patches:
@@ -113,6 +123,7 @@ def provenance_args(build: Build, out: Path) -> list[str]:
 def make_build(root: Path) -> Build:
     """Write fixture inputs and a fake bazel-bin, then the statement into it."""
     inputs = write_inputs(root / "in")
+    (root / "in" / "stable-status.txt").write_text(STATUS)
     out = root / "bazel-bin"
     out.mkdir()
     build = Build(inputs, out, out / "provenance_linux_aarch64.intoto.json")
@@ -244,8 +255,15 @@ def test_predicate(build: Build) -> None:
     by_role: dict[str, list[dict]] = {}
     for dep in deps:
         by_role.setdefault(dep["annotations"]["role"], []).append(dep)
+    assert deps[0] == {  # this repository's commit first: what the build is made from
+        "annotations": {"role": "source", "tree": "clean"},
+        "digest": {"gitCommit": SOURCE_COMMIT},
+        "name": "sparkseal",
+        "uri": SOURCE_URI,
+    }
     assert sorted(by_role) == sorted(
         [
+            "source",
             "vllm-source",
             "vllm-sdist",
             "vllm-upstream-wheel",
@@ -316,6 +334,66 @@ def test_predicate(build: Build) -> None:
         for path in (build.inputs.sparkseal_wheel, build.inputs.vllm_wheel)
     ]
     assert "metadata" not in run
+
+
+def _with_status(build: Build, tmp_path: Path, status: str | None) -> list[str]:
+    """The action's arguments with another status file (None: no --source-status at all)."""
+    args = provenance_args(build, tmp_path / "p.json")
+    index = args.index("--source-status")
+    if status is None:
+        del args[index : index + 2]
+    else:
+        (tmp_path / "stable-status.txt").write_text(status)
+        args[index + 1] = str(tmp_path / "stable-status.txt")
+    return args
+
+
+def test_a_dirty_tree_is_recorded_as_dirty(build: Build, tmp_path: Path) -> None:
+    status = STATUS.replace("SOURCE_TREE clean", "SOURCE_TREE dirty")
+    assert provenance.main(_with_status(build, tmp_path, status)) == 0
+    [entry] = [
+        d
+        for d in json.loads((tmp_path / "p.json").read_text())["predicate"]["buildDefinition"][
+            "resolvedDependencies"
+        ]
+        if d["annotations"]["role"] == "source"
+    ]
+    assert entry["annotations"] == {"role": "source", "tree": "dirty"}
+    assert entry["digest"] == {"gitCommit": SOURCE_COMMIT}
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (None, "the build ran without sparkseal's workspace status command (.bazelrc: "
+               "--workspace_status_command), so nothing asked git"),
+        ("BUILD_HOST h\nBUILD_USER u\n", "the build ran without sparkseal's workspace status command "
+               "(.bazelrc: --workspace_status_command), so nothing asked git"),
+        ("BUILD_HOST h\nSTABLE_SPARKSEAL_SOURCE_UNKNOWN the workspace is not a git checkout\n",
+         "the workspace is not a git checkout"),
+    ],
+)  # fmt: skip
+def test_an_unknown_source_is_said_plainly(
+    build: Build, tmp_path: Path, status: str | None, reason: str
+) -> None:
+    assert provenance.main(_with_status(build, tmp_path, status)) == 0
+    definition = json.loads((tmp_path / "p.json").read_text())["predicate"]["buildDefinition"]
+    assert definition["internalParameters"]["source"] == {"unknown": reason}
+    assert not [d for d in definition["resolvedDependencies"] if d["annotations"]["role"] == "source"]
+
+
+def test_a_credential_in_the_status_fails_without_being_shown(
+    build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = STATUS.replace("git+https://", "git+https://me:s3cr3t-token@")
+    assert provenance.main(_with_status(build, tmp_path, status)) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"provenance: {tmp_path / 'stable-status.txt'}: STABLE_SPARKSEAL_SOURCE_URI: expected "
+        "git+SCHEME://HOST/PATH without user name or password, found another form (not shown: it may hold "
+        "a credential)"
+    )
+    assert "s3cr3t" not in err and not (tmp_path / "p.json").exists()
 
 
 def test_same_bytes_for_another_time_zone_and_argument_order(
@@ -529,14 +607,41 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
     (package / "fake_pex.bzl").write_text(FAKE_PEX_BZL)
     (package / "BUILD").write_text(FIXTURE_BUILD)
     ws = Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
+    statement_path = ws.bin_path("") / "prov" / "provenance.intoto.json"
+    sources = []
     try:
         result = ws.bazel("build", "//prov:provenance", "--//kernels_sm121:cuda_archs=121a-real")
         assert result.returncode == 0, result.output
         bazel_bin = ws.bin_path("")
+        sources.append(json.loads(statement_path.read_text())["predicate"]["buildDefinition"])
+        # The same workspace as a git checkout (.bazelrc's workspace status command asks git): clean, then
+        # dirty; only the provenance action reads the status, so the image is not rebuilt.
+        (root / ".gitignore").write_text("bazel-*\n")
+        for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "fixture"]):
+            git = ["git", "-c", "user.email=b@example.org", "-c", "user.name=b", *command]
+            subprocess.run(git, cwd=root, check=True, capture_output=True)
+        for dirty in (False, True):
+            if dirty:
+                (root / "notes.txt").write_text("not committed\n")  # untracked, read by no target
+            rebuilt = ws.bazel("build", "//prov:provenance", "--//kernels_sm121:cuda_archs=121a-real")
+            assert rebuilt.returncode == 0, rebuilt.output
+            assert "Assembling image" not in rebuilt.output
+            sources.append(json.loads(statement_path.read_text())["predicate"]["buildDefinition"])
     finally:
         ws.shutdown()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    assert sources[0]["internalParameters"]["source"] == {"unknown": "the workspace is not a git checkout"}
+    for definition, tree in zip(sources[1:], ("clean", "dirty"), strict=True):
+        assert "source" not in definition["internalParameters"]
+        assert definition["resolvedDependencies"][0] == {
+            "annotations": {"role": "source", "tree": tree, "uriUnknown": "the checkout has no remote (or "
+                            "several and none is origin)"},
+            "digest": {"gitCommit": commit},
+            "name": "sparkseal",
+        }  # fmt: skip
 
-    statement_path = bazel_bin / "prov" / "provenance.intoto.json"
     statement = json.loads(statement_path.read_text())
     assert [(s["name"], s["annotations"]["kind"]) for s in statement["subject"]] == [
         ("prov/app.pex", "pex"),
@@ -565,7 +670,7 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
 
     code, out, err = _check(capsys, "--root", str(bazel_bin), str(statement_path))
     assert code == 0, out + err
-    assert out.splitlines()[-1] == "6 checks, 0 differ"  # 4 subjects + the config and the layer blob
+    assert out.splitlines()[-1] == "PASSED: 6 checks, 0 differ"  # 4 subjects + the config and the layer blob
 
 
 # --- validators of the in-toto attestation framework ---

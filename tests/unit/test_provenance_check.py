@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from sparkseal.actions.sparkseal_pex import tree_digest
-from tests.unit.test_provenance import Build, _canonical, _check, _sha, _statement, make_build, write_layout
+from tests.unit.test_provenance import (
+    SOURCE_COMMIT,
+    SOURCE_URI,
+    Build,
+    _canonical,
+    _check,
+    _sha,
+    _statement,
+    make_build,
+    write_layout,
+)
 
 
 @pytest.fixture
@@ -25,7 +35,8 @@ def test_check_passes_on_the_build(build: Build, capsys: pytest.CaptureFixture[s
     code, out, _ = _check(capsys, str(build.statement))
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[-1] == "7 checks, 0 differ"  # 4 subjects + config and 2 layer blobs of the image
+    assert lines[-1] == "PASSED: 7 checks, 0 differ"  # 4 subjects + config and 2 layer blobs of the image
+    assert lines[0] == f"source: {SOURCE_URI} commit {SOURCE_COMMIT} (clean tree)"
     assert (
         f"ok image_linux_aarch64 (oci-image) {(build.bin / 'image_linux_aarch64.digest').read_text()}"
         in lines
@@ -45,7 +56,7 @@ def test_check_reports_a_changed_manifest(build: Build, capsys: pytest.CaptureFi
         f"DIFFERS manifest_linux_aarch64.json (module-manifest) at {build.manifest}: "
         f"expected sha256:{expected} from {build.statement}, actual sha256:{actual}"
     ) in out.splitlines()
-    assert out.splitlines()[-1] == "7 checks, 1 differ"
+    assert out.splitlines()[-1] == "FAILED: 7 checks, 1 differ"
 
 
 def test_check_reports_a_changed_pex_file(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +126,7 @@ def test_check_uses_artifacts_given_by_kind(
     shutil.rmtree(build.pex)
     code, out, _ = _check(capsys, str(build.statement), str(copies / "app"), str(copies / "image-sbom.json"))
     assert code == 0, out
-    assert out.splitlines()[-1] == "7 checks, 0 differ"
+    assert out.splitlines()[-1] == "PASSED: 7 checks, 0 differ"
 
 
 def test_check_root_option(build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -248,3 +259,46 @@ def test_check_refuses_a_malformed_bazel_record(
     code, out, err = _check(capsys, str(build.statement))
     assert (code, out) == (2, "")
     assert err.strip().splitlines()[-1] == f"sparkseal provenance check: error: {build.statement}: {problem}"
+
+
+def test_check_says_plainly_what_is_known_of_the_source(
+    build: Build, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dirty tree and an unknown source are said in the report (text and JSON); the digests decide."""
+    data = _statement(build)
+    [entry] = [
+        d
+        for d in data["predicate"]["buildDefinition"]["resolvedDependencies"]
+        if d["annotations"]["role"] == "source"
+    ]
+    entry["annotations"]["tree"] = "dirty"
+    build.statement.write_text(json.dumps(data))
+    code, out, _ = _check(capsys, str(build.statement))
+    assert code == 0
+    assert out.splitlines()[0] == (
+        f"source: {SOURCE_URI} commit {SOURCE_COMMIT}, DIRTY tree: built with changes that commit does not "
+        "hold, so the commit alone cannot rebuild it"
+    )
+    data["predicate"]["buildDefinition"]["resolvedDependencies"].remove(entry)
+    data["predicate"]["buildDefinition"]["internalParameters"]["source"] = {"unknown": "git is not on PATH"}
+    build.statement.write_text(json.dumps(data))
+    code, out, _ = _check(capsys, "--json", str(build.statement))
+    report = json.loads(out)
+    assert (code, report["verdict"], report["source"]["unknown"]) == (0, "PASSED", "git is not on PATH")
+    code, out, _ = _check(capsys, str(build.statement))
+    assert out.splitlines()[0] == "source: UNKNOWN: git is not on PATH"
+
+
+def test_check_refuses_a_source_record_with_a_credential(
+    build: Build, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _statement(build)
+    data["predicate"]["buildDefinition"]["resolvedDependencies"][0]["uri"] = "git+https://me:tok3n@h/x"
+    build.statement.write_text(json.dumps(data))
+    code, _, err = _check(capsys, str(build.statement))
+    assert code == 2 and "tok3n" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"sparkseal provenance check: error: {build.statement}: "
+        "predicate.buildDefinition.resolvedDependencies[0].uri: expected git+SCHEME://HOST/PATH without "
+        "user name or password, found another form (not shown: it may hold a credential)"
+    )

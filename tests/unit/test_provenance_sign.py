@@ -66,7 +66,7 @@ def test_signed_statement_verifies_then_its_subjects_are_checked(
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0] == f"ok signature (ed25519) verifies with {public}"
-    assert lines[-1] == "7 checks, 0 differ"
+    assert lines[-1] == "PASSED: 7 checks, 0 differ"
 
 
 def test_signing_is_deterministic(
@@ -92,8 +92,8 @@ def test_a_changed_payload_fails_the_signature(
     assert (code, out) == (1, "")
     keyid = document["signatures"][0]["keyid"]
     assert err == (
-        f"sparkseal provenance check: {envelope}: signature: the signature of keyid {keyid} does not verify "
-        f"with {public}: the payload or the signature was changed after signing\n"
+        f"sparkseal provenance check: FAILED: {envelope}: signature: the signature of keyid {keyid} "
+        f"does not verify with {public}: the payload or the signature was changed after signing\n"
     )
 
 
@@ -105,7 +105,7 @@ def test_another_key_fails_the_signature(
     code, out, err = _run(capsys, "check", str(envelope), "--pubkey", str(other))
     assert (code, out) == (1, "")
     assert err.startswith(
-        f"sparkseal provenance check: {envelope}: signature: expected one by the key of {other}"
+        f"sparkseal provenance check: FAILED: {envelope}: signature: expected one by the key of {other}"
     )
     assert err.endswith(": signed with another key\n")
 
