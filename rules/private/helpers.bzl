@@ -52,6 +52,7 @@ HELPER_SOURCES = {
         "sparkseal/core/platforms.py",
         "sparkseal/fetch/__init__.py",
         "sparkseal/fetch/debian_archive.py",
+        "sparkseal/fetch/debian_snapshot.py",
         "sparkseal/fetch/lock_debian.py",
     ],
     "sparkseal.fetch.resolve": [
