@@ -7,6 +7,8 @@
         repo.requests     # Counter of requested paths
         repo.served_bytes_override[name] = b"..."  # a corrupt download
         repo.bazel_cuts[name] = 2                  # Bazel's next 2 downloads of it are cut short
+    with SnapshotArchive(tmp / "snapshot", {"debian": [deb, ...]}) as snapshot:
+        snapshot.url      # the base URL: <url>/archive/debian/<TIMESTAMP>/<pool path>, <url>/mr/...
 
 ``make_deb`` builds with ``dpkg-deb --build``; ``make_raw_deb`` writes the ar and tar members itself, for
 archives dpkg-deb refuses to build (paths with ``..``, absolute paths, zstd members).
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import tarfile
 import threading
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
@@ -182,9 +185,13 @@ def control_of(deb: Path) -> dict[str, str]:
     }
 
 
+# The time stamp at which SnapshotArchive holds its files.
+TIMESTAMP = "20240611T082157Z"
+
+
 def lock_for(debs: list[Path], arch: str, archive: str = "debian") -> dict[str, object]:
     """A lock document naming exactly ``debs`` (what ``sparkseal lock debian`` would write for them, all
-    from ``archive`` at the paths AptRepo serves them)."""
+    from ``archive`` at the paths AptRepo serves them, and held by a SnapshotArchive at TIMESTAMP)."""
     packages = []
     for deb in debs:
         fields = control_of(deb)
@@ -197,6 +204,7 @@ def lock_for(debs: list[Path], arch: str, archive: str = "debian") -> dict[str, 
                 "path": pool_path(fields["Package"], deb.name),
                 "sha256": sha256(deb),
                 "size": deb.stat().st_size,
+                "snapshot": TIMESTAMP,
                 "version": fields["Version"],
             }
         )
@@ -204,7 +212,7 @@ def lock_for(debs: list[Path], arch: str, archive: str = "debian") -> dict[str, 
     roots = sorted(str(p["package"]) for p in packages)
     return {
         "architecture": arch,
-        "format": 2,
+        "format": 3,
         "generator": "fixture",
         "packages": packages,
         "roots": roots,
@@ -282,6 +290,74 @@ class AptRepo:
         self.url = f"http://{host}:{port}/"
         self.sources.write_text(f"deb [trusted=yes] {self.url} ./\n")
         self.archives = f"debian={self.url}"
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stop_loopback(self._server, self._thread)
+
+    def deb_requests(self) -> int:
+        """How many .deb downloads the server answered."""
+        return sum(n for path, n in self.requests.items() if path.endswith(".deb"))
+
+
+class SnapshotArchive:
+    """Debian's snapshot archive in small, on loopback: ``debs`` per archive name under one time stamp
+    (``<url>/archive/<archive>/<timestamp>/<pool path>``) and the machine-readable API's
+    ``/mr/binary/<package>/<version>/binfiles?fileinfo=1`` (sha1 and ``first_seen`` of each file)."""
+
+    def __init__(self, root: Path, debs: dict[str, list[Path]], timestamp: str = TIMESTAMP) -> None:
+        self.root = root
+        self.timestamp = timestamp
+        self.binfiles: dict[str, dict[str, object]] = {}
+        for archive, files in debs.items():
+            for deb in files:
+                fields = control_of(deb)
+                path = pool_path(fields["Package"], deb.name)
+                target = root / "archive" / archive / timestamp / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(deb, target)
+                sha1 = hashlib.sha1(deb.read_bytes()).hexdigest()
+                key = f"/mr/binary/{fields['Package']}/{fields['Version']}/binfiles?fileinfo=1"
+                answer = self.binfiles.setdefault(key, {"fileinfo": {}, "result": []})
+                answer["result"].append({"architecture": fields["Architecture"], "hash": sha1})  # type: ignore[attr-defined]
+                answer["fileinfo"][sha1] = [  # type: ignore[index]
+                    {
+                        "archive_name": archive,
+                        "first_seen": timestamp,
+                        "name": deb.name,
+                        "path": "/" + path.rsplit("/", 1)[0],
+                        "size": deb.stat().st_size,
+                    }
+                ]
+        self.requests: Counter[str] = Counter()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> SnapshotArchive:
+        snapshot = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                """Keep test output quiet."""
+
+            def do_GET(self) -> None:
+                snapshot.requests[self.path] += 1
+                if self.path.startswith("/mr/"):
+                    answer = snapshot.binfiles.get(urllib.parse.unquote(self.path))
+                    body = json.dumps(answer).encode() if answer else b'{"error": "not found"}'
+                    self.send_response(200 if answer else 404)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                super().do_GET()
+
+        self._server, self._thread = start_loopback(partial(Handler, directory=str(self.root)))
+        host, port = self._server.server_address[:2]
+        self.url = f"http://{host}:{port}"
         return self
 
     def __exit__(

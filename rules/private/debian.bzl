@@ -7,10 +7,14 @@ WORKSPACE use::
 The repository holds every locked .deb under `debs/` and exposes `:debs` (all of them), one filegroup per
 package (`:libc6`, ...) and `:lock` (the lock it was made from). Each .deb is first asked of Bazel's
 repository cache by its locked sha256, so a build whose cache holds them needs no network at all.
-Otherwise its URL is its archive's base URL (`$SPARKSEAL_DEBIAN_ARCHIVES`, else the machine's apt sources
-read as text: sparkseal.fetch.debian_archive) joined to its locked path, and Bazel's downloader fetches
-and verifies it: no apt, no apt sources' suites, no keyring, so any Linux host fetches bookworm's files.
-A URL that does not serve the locked file fails naming the package, the URL and the locked sha256.
+Otherwise its URLs are its archive's base URL (`$SPARKSEAL_DEBIAN_ARCHIVES`, else the machine's apt
+sources read as text: sparkseal.fetch.debian_archive) joined to its locked path, then the snapshot
+archive's URL of the file at its locked time stamp (`$SPARKSEAL_DEBIAN_SNAPSHOT`, else a snapshot URL in
+the apt sources), and Bazel's downloader fetches and verifies it from the first that serves it: no apt,
+no apt sources' suites, no keyring, so any Linux host fetches bookworm's files, also after the mirror has
+dropped a superseded version. When no URL serves the locked file, the error names the package, every URL
+and the locked sha256; with `--repository_disable_download`, it says that the file is in no repository
+cache and downloads are off.
 
 BUILD use::
 
@@ -28,14 +32,20 @@ load(
     ":pypi_download.bzl",
     "REPOSITORY_CACHE_ENV",
     "download_verified",
+    "downloads_disabled",
     "from_repository_cache",
+    "offline_miss_message",
     "prepare_download_verified",
     "run_python_helper",
 )
 
-# SPARKSEAL_DEBIAN_ARCHIVES: the archives' base URLs; NETRC: credentials for mirrors that need them (else
-# ~/.netrc); SPARKSEAL_REPOSITORY_CACHE: the repository cache when not .bazelrc's.
-DEBIAN_ENVIRON = ["SPARKSEAL_DEBIAN_ARCHIVES", "NETRC", REPOSITORY_CACHE_ENV]
+# SPARKSEAL_DEBIAN_ARCHIVES: the archives' base URLs; SPARKSEAL_DEBIAN_SNAPSHOT: the snapshot archive's base
+# URL; NETRC: credentials for mirrors that need them (else ~/.netrc); SPARKSEAL_REPOSITORY_CACHE: the
+# repository cache when not .bazelrc's.
+DEBIAN_ENVIRON = ["SPARKSEAL_DEBIAN_ARCHIVES", "SPARKSEAL_DEBIAN_SNAPSHOT", "NETRC", REPOSITORY_CACHE_ENV]
+
+# The Debian lock's format (sparkseal.fetch.lock_debian.LOCK_FORMAT): 3 adds each package's `snapshot`.
+LOCK_FORMAT = 3
 
 _RESERVED_TARGETS = ["debs", "lock"]
 
@@ -55,14 +65,24 @@ def _entries(rctx, lock):
     packages = lock.get("packages") if type(lock) == "dict" else None
     if type(packages) != "list" or not packages:
         fail("sparkseal: %s: expected a non-empty list `packages`, got %r" % (label_string(rctx.attr.lock), packages))
-    if lock.get("format") != 2:
-        fail(("sparkseal: %s: expected lock format 2 (each package with its archive and path), actual %r: " +
-              "add them with `sparkseal lock debian --keep-versions`") % (label_string(rctx.attr.lock), lock.get("format")))
+    if lock.get("format") != LOCK_FORMAT:
+        fail(("sparkseal: %s: field `format`: expected %d (each package with its archive, path and snapshot " +
+              "time stamp), actual %r: rewrite it with `sparkseal lock debian --keep-versions`") % (
+            label_string(rctx.attr.lock),
+            LOCK_FORMAT,
+            lock.get("format"),
+        ))
     names = {}
     for entry in packages:
-        for key in ["package", "version", "architecture", "filename", "sha256", "archive", "path"]:
+        for key in ["package", "version", "architecture", "filename", "sha256", "archive", "path", "snapshot"]:
             if type(entry.get(key)) != "string" or not entry[key]:
                 fail("sparkseal: %s: package entry %r: expected a non-empty string %r" % (label_string(rctx.attr.lock), entry, key))
+        if not _is_timestamp(entry["snapshot"]):
+            fail("sparkseal: %s: %s: field `snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, actual %r" % (
+                label_string(rctx.attr.lock),
+                entry["package"],
+                entry["snapshot"],
+            ))
         sha256 = entry["sha256"]
         if len(sha256) != 64 or [c for c in sha256.elems() if c not in "0123456789abcdef"]:
             fail("sparkseal: %s: %s: locked sha256 %r is not 64 lowercase hex digits" % (
@@ -92,8 +112,15 @@ def _entries(rctx, lock):
         names[entry["package"]] = True
     return packages
 
+def _is_timestamp(value):
+    """Whether `value` is a snapshot time stamp, YYYYMMDDTHHMMSSZ (sparkseal.fetch.debian_snapshot)."""
+    if len(value) != 16 or value[8] != "T" or value[15] != "Z":
+        return False
+    return not [c for c in (value[:8] + value[9:15]).elems() if c not in "0123456789"]
+
 def _resolve(rctx, missing):
-    """Package -> URL for the `missing` entries: each archive's base URL joined to the locked path."""
+    """Package -> URLs for the `missing` entries: each archive's base URL joined to the locked path, then
+    the snapshot archive's URL of the file at its locked time stamp, when a snapshot base is known."""
     result = run_python_helper(
         rctx,
         "sparkseal.fetch.debian_archive",
@@ -103,8 +130,8 @@ def _resolve(rctx, missing):
         fail("%s\n(while fetching @%s)" % (result.stderr.strip() or result.stdout.strip(), apparent_repo_name(rctx.name)))
     urls = {}
     for line in result.stdout.strip().split("\n"):
-        package, _, url = line.partition("\t")
-        urls[package] = url
+        fields = line.split("\t")
+        urls[fields[0]] = [url for url in fields[1:] if url]
     return urls
 
 def _credentials(rctx, urls):
@@ -120,27 +147,37 @@ def _credentials(rctx, urls):
 def fetch_debs(rctx):
     """Fetch every .deb of the lock `rctx.attr.lock` into `debs/`, verified; return the lock's entries.
 
-    The repository cache first (no network), then each archive's base URL joined to the locked path.
+    The repository cache first (no network), then each archive's base URL joined to the locked path, then
+    the snapshot archive at the locked time stamp (a mirror drops superseded versions; the snapshot keeps
+    them): one Bazel download with both URLs, each checked against the locked sha256.
     """
     packages = _entries(rctx, json.decode(rctx.read(rctx.attr.lock)))
     missing = []
     for entry in packages:
         if not from_repository_cache(rctx, entry["filename"], entry["sha256"], "debs/" + entry["filename"]):
             missing.append(entry)
+    if missing and downloads_disabled(rctx):
+        fail(offline_miss_message(
+            rctx,
+            [("%s=%s (%s)" % (e["package"], e["version"], e["filename"]), e["sha256"]) for e in missing],
+            "locked in %s" % rctx.attr.lock,
+        ))
     if missing:
         prepare_download_verified(rctx)
         urls = _resolve(rctx, missing)
-        targets = _credentials(rctx, urls.values())
+        targets = _credentials(rctx, [url for found in urls.values() for url in found])
         for entry in missing:
             rctx.report_progress("downloading %s" % entry["filename"])
-            target = targets[urls[entry["package"]]]
+            auth = {}
+            for url in urls[entry["package"]]:
+                auth.update(targets[url]["auth"])
             download_verified(
                 rctx,
                 entry["filename"],
-                target["url"],
+                [targets[url]["url"] for url in urls[entry["package"]]],
                 "debs/" + entry["filename"],
                 entry["sha256"],
-                target["auth"],
+                auth,
                 subject = "%s=%s (%s)" % (entry["package"], entry["version"], entry["filename"]),
                 locked = "locked in %s" % rctx.attr.lock,
             )

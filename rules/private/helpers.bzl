@@ -24,6 +24,15 @@ HELPER_SOURCES = {
         "sparkseal/fetch/download.py",
         "sparkseal/fetch/index.py",
     ],
+    "sparkseal.fetch.cache_copy": [
+        "sparkseal/__init__.py",
+        "sparkseal/core/__init__.py",
+        "sparkseal/core/determinism.py",
+        "sparkseal/core/digests.py",
+        "sparkseal/core/tree.py",
+        "sparkseal/fetch/__init__.py",
+        "sparkseal/fetch/cache_copy.py",
+    ],
     "sparkseal.fetch.credentials": [
         "sparkseal/__init__.py",
         "sparkseal/core/__init__.py",
@@ -43,6 +52,7 @@ HELPER_SOURCES = {
         "sparkseal/core/platforms.py",
         "sparkseal/fetch/__init__.py",
         "sparkseal/fetch/debian_archive.py",
+        "sparkseal/fetch/debian_snapshot.py",
         "sparkseal/fetch/lock_debian.py",
     ],
     "sparkseal.fetch.resolve": [

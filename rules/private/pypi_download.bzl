@@ -69,18 +69,22 @@ def repository_cache_dir(rctx):
     return value
 
 def _copy_from_repository_cache(rctx, sha256, output):
-    """Copy the cache's file of `sha256` into `output` through Bazel's downloader (sha256-verified).
+    """Copy the cache's file of `sha256` into `output`, verified (sparkseal.fetch.cache_copy).
 
     With `--experimental_repository_cache_hardlinks` (.bazelrc) a cache hit is a hard link, which the
     kernel refuses across mount points (a cache bind-mounted or on a CI volume, the output base
-    elsewhere): Bazel then treats the hit as a miss and would go to the network. Read as a `file://`
-    URL, the same file is copied instead, so every hit is served: a hard link where one can be made, a
-    copy where it cannot.
+    elsewhere): Bazel then treats the hit as a miss and would go to the network. The file is copied
+    instead, by a helper that checks the copy's sha256: not through Bazel's downloader, since a `file://`
+    URL is a download too, which `--repository_disable_download` refuses (Bazel 7.7.1). So every hit is
+    served, offline included: a hard link where one can be made, a copy where it cannot.
     """
     cached = rctx.path("%s/content_addressable/sha256/%s/file" % (repository_cache_dir(rctx), sha256))
     if not cached.exists:
         return False
-    return rctx.download(["file://" + str(cached)], output, sha256 = sha256, allow_fail = True).success
+    result = run_python_helper(rctx, "sparkseal.fetch.cache_copy", [sha256, str(cached), str(rctx.path(output))])
+    if result.return_code != 0:
+        fail("%s\n(while fetching @%s)" % (result.stderr.strip(), apparent_repo_name(rctx.name)))
+    return True
 
 def from_repository_cache(rctx, filename, sha256, output, urls = []):
     """Try the repository cache alone, then `urls`; return whether `output` now holds the locked file.
@@ -96,6 +100,31 @@ def from_repository_cache(rctx, filename, sha256, output, urls = []):
         return True
     return len(urls) > 0 and rctx.download(urls, output, sha256 = sha256, allow_fail = True).success
 
+def downloads_disabled(rctx):
+    """Whether Bazel refuses every download (`--repository_disable_download`).
+
+    Bazel tells a repository rule neither the flag nor why a download failed; a `file://` download of a
+    file the rule has just written fails only when downloads are refused. Asked on a failure path only,
+    so that its message names the real cause instead of the network.
+    """
+    rctx.file("_probe/empty", "")
+    refused = not rctx.download(["file://" + str(rctx.path("_probe/empty"))], "_probe/copy", allow_fail = True).success
+    rctx.delete("_probe")
+    return refused
+
+def offline_miss_message(rctx, subjects, locked):
+    """The message for locked files that are in no repository cache while Bazel may not download.
+
+    `subjects` are (name, sha256) pairs; `locked` says where the sha256s are locked.
+    """
+    return "\n".join([
+        "sparkseal: Bazel may not download (--repository_disable_download) and the repository cache at %s holds no file" % repository_cache_dir(rctx),
+        "with the locked sha256 of:",
+    ] + ["  %s: expected sha256 %s (%s)" % (name, sha256, locked) for name, sha256 in subjects] + [
+        "Fill that cache from a build that may download, or name the cache that holds them with",
+        "--repository_cache=DIR --repo_env=%s=DIR." % REPOSITORY_CACHE_ENV,
+    ])
+
 def prepare_download_verified(rctx):
     """Link download_verified's helper in now, before the network work that comes before the download.
 
@@ -104,55 +133,79 @@ def prepare_download_verified(rctx):
     """
     prepare_python_helper(rctx, "sparkseal.fetch.actual_sha256")
 
-def download_verified(rctx, filename, url, output, sha256, auth, subject = None, locked = "locked"):
-    """Let Bazel download `url` into `output`, verified against `sha256`; on failure, say why and fail.
+def download_verified(rctx, filename, urls, output, sha256, auth, subject = None, locked = "locked"):
+    """Let Bazel download `urls` (tried in order) into `output`, verified against `sha256`; on failure,
+    say why and fail.
 
     Bazel's download result says only `success`, so a second client (sparkseal.fetch.actual_sha256,
-    Python's urllib) fetches the URL to scratch space and names the digest it got:
+    Python's urllib) fetches each URL to scratch space and names the digest it got:
 
-    - another digest: the file at the URL is not the locked one ("sha256 mismatch", both digests);
+    - Bazel may not download at all (`--repository_disable_download`): that is the cause, whatever the
+      URLs serve (offline_miss_message);
+    - another digest: the file at that URL is not the locked one ("sha256 mismatch", both digests);
     - the locked digest: the file is fine and Bazel's own transfer failed (a proxy, TLS, a cut transfer,
       which Bazel 4.2.3 reports as "Checksum was ... but wanted ..."). That is printed, and Bazel
       downloads once more without `allow_fail`: a transient failure then heals, a lasting one ends the
       fetch with Bazel's own error (with `allow_fail`, the rule sees only `success = False`);
-    - no digest: the URL cannot be fetched at all; the helper's error names the cause.
+    - no digest from any URL: none can be fetched; the message names every URL with the helper's cause.
 
-    `url` must carry no credentials (they travel in `auth`): it is printed, by us and by Bazel.
-    `subject` names the file in messages (default `filename`); `locked` says where the sha256 is locked.
-    Bazel removes the half-made repository on failure, and nothing unverified reaches the repository cache.
+    `urls` (a list, or one URL) must carry no credentials (they travel in `auth`): they are printed, by
+    us and by Bazel. `subject` names the file in messages (default `filename`); `locked` says where the
+    sha256 is locked. Bazel removes the half-made repository on failure, and nothing unverified reaches
+    the repository cache.
     """
+    if type(urls) == "string":
+        urls = [urls]
+
     # Before the download: linking the helper after it would restart the rule and download again.
     prepare_download_verified(rctx)
-    if rctx.download([url], output, sha256 = sha256, allow_fail = True, auth = auth).success:
+    if rctx.download(urls, output, sha256 = sha256, allow_fail = True, auth = auth).success:
         return
     subject = subject or filename
-    probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [filename, url])
-    if probe.return_code != 0:
-        fail("sparkseal: %s: download from %s failed (expected sha256 %s, %s): %s" % (
+    if downloads_disabled(rctx):
+        fail(offline_miss_message(rctx, [(subject, sha256)], locked))
+    causes = []
+    fine = None
+    for url in urls:
+        probe = run_python_helper(rctx, "sparkseal.fetch.actual_sha256", [filename, url])
+        if probe.return_code != 0:
+            causes.append((url, probe.stderr.strip()))
+            continue
+        actual = probe.stdout.strip()
+        if actual != sha256:
+            fail("sparkseal: %s: sha256 mismatch: expected %s (%s), actual %s (downloaded from %s)" % (
+                subject,
+                sha256,
+                locked,
+                actual,
+                url,
+            ))
+        fine = fine or url
+    if fine == None:
+        if len(urls) == 1:
+            fail("sparkseal: %s: download from %s failed (expected sha256 %s, %s): %s" % (
+                subject,
+                urls[0],
+                sha256,
+                locked,
+                causes[0][1],
+            ))
+        fail("sparkseal: %s: download from %s failed (expected sha256 %s, %s):\n  %s" % (
             subject,
-            url,
+            " and from ".join(urls),
             sha256,
             locked,
-            probe.stderr.strip(),
-        ))
-    actual = probe.stdout.strip()
-    if actual != sha256:
-        fail("sparkseal: %s: sha256 mismatch: expected %s (%s), actual %s (downloaded from %s)" % (
-            subject,
-            sha256,
-            locked,
-            actual,
-            url,
+            "\n  ".join(["%s: %s" % cause for cause in causes]),
         ))
 
     print(" ".join([
-        "sparkseal: %s: Bazel's downloader failed to fetch %s," % (subject, url),
+        "sparkseal: %s: Bazel's downloader failed to fetch %s," % (subject, fine),
         "but a second client (Python's urllib) fetched it with the locked sha256 %s," % sha256,
         "so the file is fine and the failure is Bazel's download (e.g. a proxy, TLS, or a",
         "partial/interrupted transfer, which Bazel reports as a checksum mismatch).",
         "Downloading once more with Bazel; if that fails too, Bazel's own error follows.",
     ]))
-    rctx.download([url], output, sha256 = sha256, auth = auth)
+    rctx.download([fine], output, sha256 = sha256, auth = auth)
 
 def download_locked_file(rctx, filename, sha256, output, urls = []):
     """Fetch `filename` with the locked `sha256` into `output` (a path relative to the repository).
@@ -164,6 +217,8 @@ def download_locked_file(rctx, filename, sha256, output, urls = []):
         fail("sparkseal: %s: locked sha256 %r is not 64 hex digits" % (filename, sha256))
     if from_repository_cache(rctx, filename, sha256, output, urls):
         return
+    if downloads_disabled(rctx):
+        fail(offline_miss_message(rctx, [(filename, sha256)], "locked"))
     prepare_download_verified(rctx)
     rctx.report_progress("looking up %s in the package index" % filename)
     url, auth = _resolve_url(rctx, filename, sha256)

@@ -16,12 +16,21 @@ taken for the wheels (``sparkseal.fetch.index``):
    (``.../debian`` gives ``.../debian-security``), the layout of Debian's mirrors and of its snapshot
    archive.
 
-Anything else (an Ubuntu host, a mirror with another layout) sets the variable; the error says so. Bazel's
-downloader then fetches the URL, verifies the locked sha256, and applies ``--experimental_downloader_config``
-rewrites (mirrors, blocks) as it does for every other download.
+Anything else (an Ubuntu host, a mirror with another layout) sets the variable; the error says so.
+
+A mirror keeps a file only while a suite lists its version, so each file has a second URL: Debian's
+snapshot archive at the file's locked time stamp (``sparkseal.fetch.debian_snapshot``). Its base URL is
+``$SPARKSEAL_DEBIAN_SNAPSHOT``, else the first snapshot URL (``<base>/archive/<archive>/<time stamp>``)
+the apt sources name, as a source's URI or as a comment line of its own (Debian's container images write
+the snapshot of each source above its URI); with neither, a file has the mirror's URL alone.
+
+Bazel's downloader then fetches the first URL that serves the file, verifies the locked sha256, and
+applies ``--experimental_downloader_config`` rewrites (mirrors, blocks) as it does for every other download.
 
 Standard library only: repository rules run ``python3 -m sparkseal.fetch.debian_archive urls --lock LOCK``
-with the host ``python3``; it prints ``package<TAB>URL`` lines.
+with the host ``python3``; it prints ``package<TAB>mirror URL<TAB>snapshot URL`` lines (the last field
+empty without a snapshot base). ``snapshot-base`` prints the snapshot base URL (``.ci/setup-sid`` takes
+the sid root from it).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from sparkseal.core.credentials import redact
+from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV, SnapshotError, base_of, parse_base, snapshot_url
 from sparkseal.fetch.lock_debian import ARCHIVE_NAME, AptError, LockedDeb, read_lock
 
 ARCHIVES_ENV = "SPARKSEAL_DEBIAN_ARCHIVES"
@@ -100,26 +110,37 @@ def _deb822_uris(text: str) -> list[str]:
     return uris
 
 
+def _source_texts(paths: Iterable[Path]) -> list[tuple[Path, str]]:
+    """The readable apt sources files, in apt's own order (sources.list, then sources.list.d by name)."""
+    texts = []
+    for path in paths:
+        files = sorted(path.iterdir()) if path.is_dir() else [path]
+        for file in files:
+            if not file.is_file():
+                continue
+            if file.suffix != ".sources" and file.suffix != ".list" and file.name != "sources.list":
+                continue
+            try:
+                texts.append((file, file.read_text()))
+            except (OSError, UnicodeDecodeError):
+                continue
+    return texts
+
+
+def _source_uris(paths: Iterable[Path]) -> list[str]:
+    uris: list[str] = []
+    for file, text in _source_texts(paths):
+        uris += _deb822_uris(text) if file.suffix == ".sources" else _one_line_uris(text)
+    return uris
+
+
 def host_archives(paths: Iterable[Path] = APT_SOURCES) -> dict[str, str]:
     """{archive name: base URL} from the machine's apt sources: each ``deb`` URI named by its last segment.
 
     Only the text is read; the first source of a name wins, in apt's own order (sources.list, then the
     files of sources.list.d by name).
     """
-    uris: list[str] = []
-    for path in paths:
-        files = sorted(path.iterdir()) if path.is_dir() else [path]
-        for file in files:
-            if not file.is_file():
-                continue
-            try:
-                text = file.read_text()
-            except (OSError, UnicodeDecodeError):
-                continue
-            if file.suffix == ".sources":
-                uris += _deb822_uris(text)
-            elif file.suffix == ".list" or file.name == "sources.list":
-                uris += _one_line_uris(text)
+    uris = _source_uris(paths)
     found: dict[str, str] = {}
     for uri in uris:
         base = uri.rstrip("/")
@@ -157,6 +178,32 @@ def archive_bases(
     return bases
 
 
+def host_snapshot(paths: Iterable[Path] = APT_SOURCES) -> str | None:
+    """The snapshot archive's base URL from the first snapshot URL of the apt sources: a source's URI,
+    or a comment line that is a URL and nothing else."""
+    candidates = _source_uris(paths)
+    for _, text in _source_texts(paths):
+        for line in text.splitlines():
+            words = line.lstrip("#").split() if line.lstrip().startswith("#") else []
+            if len(words) == 1:
+                candidates.append(words[0])
+    return next((base for base in map(base_of, candidates) if base is not None), None)
+
+
+def snapshot_base(
+    environ: Mapping[str, str] | None = None, paths: Iterable[Path] = APT_SOURCES
+) -> str | None:
+    """The snapshot archive's base URL: ``$SPARKSEAL_DEBIAN_SNAPSHOT``, else the apt sources', else None."""
+    env = os.environ if environ is None else environ
+    value = env.get(SNAPSHOT_ENV, "").strip()
+    if value:
+        try:
+            return parse_base(value)
+        except SnapshotError as exc:
+            raise ArchiveError(str(exc)) from exc
+    return host_snapshot(paths)
+
+
 def deb_url(base: str, deb: LockedDeb) -> str:
     """The download URL of a locked .deb under its archive's base URL."""
     return f"{base.rstrip('/')}/{deb.path}"
@@ -167,8 +214,9 @@ def locked_urls(
     packages: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
     paths: Iterable[Path] = APT_SOURCES,
-) -> dict[str, str]:
-    """Package -> download URL for the named locked ``packages`` (all of them when empty)."""
+) -> dict[str, list[str]]:
+    """Package -> download URLs for the named locked ``packages`` (all of them when empty): the mirror's,
+    then the snapshot archive's at the locked time stamp when a snapshot base is known."""
     _, debs = read_lock(lock)
     by_name = {deb.package: deb for deb in debs}
     wanted_names = sorted(set(packages))
@@ -177,24 +225,41 @@ def locked_urls(
         raise ArchiveError(f"{lock}: no locked package named {', '.join(unknown)}")
     wanted = [by_name[name] for name in wanted_names] if wanted_names else debs
     bases = archive_bases({deb.archive for deb in debs}, environ, paths)
-    return {deb.package: deb_url(bases[deb.archive], deb) for deb in wanted}
+    snapshot = snapshot_base(environ, paths)
+    return {
+        deb.package: [deb_url(bases[deb.archive], deb)]
+        + ([snapshot_url(snapshot, deb.archive, deb.snapshot, deb.path)] if snapshot else [])
+        for deb in wanted
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``urls`` for repository rules: print ``package<TAB>url`` lines; exit 1 with one message on failure."""
+    """``urls`` for repository rules: print ``package<TAB>mirror URL<TAB>snapshot URL`` lines;
+    ``snapshot-base``: print the snapshot base URL (exit 1 without one). Exit 1 with one message on
+    failure."""
     parser = argparse.ArgumentParser(prog="python3 -m sparkseal.fetch.debian_archive")
     commands = parser.add_subparsers(dest="command", required=True)
     urls = commands.add_parser("urls", help="print the download URL of locked packages")
     urls.add_argument("--lock", type=Path, required=True, help="a Debian lock (bookworm_<arch>.lock.json)")
     urls.add_argument("packages", nargs="*", help="locked package names (default: all)")
+    commands.add_parser("snapshot-base", help="print the snapshot archive's base URL")
     args = parser.parse_args(argv)
     try:
+        if args.command == "snapshot-base":
+            base = snapshot_base()
+            if base is None:
+                raise ArchiveError(
+                    f"no base URL of the snapshot archive: expected ${SNAPSHOT_ENV}, or a URL <base>/archive/"
+                    f"<archive>/<time stamp> in {', '.join(map(str, APT_SOURCES))}, actual: none"
+                )
+            print(base)
+            return 0
         resolved = locked_urls(args.lock, args.packages)
     except (ArchiveError, AptError) as exc:
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
-    for package, url in sorted(resolved.items()):
-        print(f"{package}\t{url}")
+    for package, found in sorted(resolved.items()):
+        print("\t".join([package, *found, *([""] if len(found) == 1 else [])]))
     return 0
 
 

@@ -9,10 +9,17 @@ machine's own, or those of a file named by ``--sources`` / ``$SPARKSEAL_APT_SOUR
 archive, say).
 
 This is the one place apt runs. Each lock entry carries what a fetch needs on any host: the file's path
-in its archive (Debian's ``Filename``, ``pool/main/...``) and the archive's name (the ``Label`` of the
-Release file that listed it, lower-cased: ``debian``, ``debian-security``), never an archive host; the
-fetch (``sparkseal.fetch.debian_archive`` and Bazel's downloader) joins the path to the base URL the
-build machine configures for that archive, with no apt, no apt sources and no keyring.
+in its archive (Debian's ``Filename``, ``pool/main/...``), the archive's name (the ``Label`` of the
+Release file that listed it, lower-cased: ``debian``, ``debian-security``) and a time stamp at which
+Debian's snapshot archive holds the same file (``sparkseal.fetch.debian_snapshot``: found through its
+API and checked by sha256 when the lock is written), never an archive host; the fetch
+(``sparkseal.fetch.debian_archive`` and Bazel's downloader) joins the path to the base URL the build
+machine configures for that archive, then to the snapshot archive's at that time stamp, with no apt, no
+apt sources and no keyring.
+
+This module is the one reader of a Debian lock in Python (``read_lock``); ``rules/private/debian.bzl``
+reads the same format in Starlark, and ``sparkseal.core.locks.read_debian_lock`` reads the fields the
+provenance and the SBOM describe.
 """
 
 from __future__ import annotations
@@ -31,11 +38,15 @@ from typing import Any
 
 from sparkseal.core.files import write_atomically
 from sparkseal.core.platforms import DEBIAN_ARCHITECTURES
+from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV, TIMESTAMP, LockedFile, SnapshotError, first_seen
 
 SUITE = "bookworm"
 ARCHITECTURES = tuple(sorted(DEBIAN_ARCHITECTURES.values()))
+# 3: every package also carries `snapshot`, a time stamp at which the snapshot archive holds its file.
 # 2: every package carries `archive` and `path` (format 1 had neither: its URLs came from apt at fetch time).
-LOCK_FORMAT = 2
+LOCK_FORMAT = 3
+# The formats `--keep-versions` rewrites (it adds what they lack without changing a version or sha256).
+_OLDER_FORMATS = (1, 2)
 SOURCES_ENV = "SPARKSEAL_APT_SOURCES"
 GENERATOR = "sparkseal lock debian"
 
@@ -109,9 +120,10 @@ class AptError(Exception):
 class LockedDeb:
     """One locked Debian package: the file apt would download, with its size, sha256 and place.
 
-    ``path`` is the file's path below its archive's base URL (``pool/main/z/zlib/zlib1g_...deb``) and
-    ``archive`` the archive's name (``debian``, ``debian-security``): a fetch needs nothing else but the
-    base URL of that archive, which the build machine configures.
+    ``path`` is the file's path below its archive's base URL (``pool/main/z/zlib/zlib1g_...deb``),
+    ``archive`` the archive's name (``debian``, ``debian-security``) and ``snapshot`` a time stamp
+    (``YYYYMMDDTHHMMSSZ``) at which the snapshot archive holds this file: a fetch needs nothing else but
+    the base URLs of that archive and of the snapshot archive, which the build machine configures.
     """
 
     package: str
@@ -122,6 +134,7 @@ class LockedDeb:
     size: int
     archive: str
     path: str
+    snapshot: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """The lock entry of this package."""
@@ -133,8 +146,15 @@ class LockedDeb:
             "path": self.path,
             "sha256": self.sha256,
             "size": self.size,
+            "snapshot": self.snapshot,
             "version": self.version,
         }
+
+    def located(self) -> LockedFile:
+        """What the snapshot look-up needs of this package."""
+        return LockedFile(
+            self.package, self.version, self.filename, self.archive, self.path, self.size, self.sha256
+        )
 
     @property
     def request(self) -> str:
@@ -372,14 +392,42 @@ def dump_lock(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
+def with_snapshots(
+    debs: list[LockedDeb], snapshot: str | None, keep: list[LockedDeb] | None = None
+) -> list[LockedDeb]:
+    """``debs`` with ``snapshot`` set: a kept entry's own time stamp for the same file, else the snapshot
+    archive's first import of the file (sparkseal.fetch.debian_snapshot.first_seen, checked by sha256)."""
+    kept = {(d.package, d.architecture, d.sha256): d.snapshot for d in keep or [] if d.snapshot}
+    result = []
+    for deb in debs:
+        timestamp = kept.get((deb.package, deb.architecture, deb.sha256))
+        if timestamp is None:
+            if snapshot is None:
+                raise AptError(
+                    f"{deb.request}: no base URL of the snapshot archive to find its time stamp at: set "
+                    f"${SNAPSHOT_ENV} (or pass --snapshot), or name a snapshot URL in the apt sources"
+                )
+            try:
+                timestamp = first_seen(snapshot, deb.located())
+            except SnapshotError as exc:
+                raise AptError(str(exc)) from exc
+        result.append(dataclasses.replace(deb, snapshot=timestamp))
+    return result
+
+
 def compute_lock(
-    arch: str, roots: list[str], sources: Path | None = None, keep: list[LockedDeb] | None = None
+    arch: str,
+    roots: list[str],
+    sources: Path | None = None,
+    keep: list[LockedDeb] | None = None,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     """Ask apt for the closure of ``roots`` on ``arch`` and return the lock document.
 
     With ``keep`` (the packages of an existing lock), apt resolves nothing: the document holds exactly
     those versions, with the paths and archives apt lists for them now, and each sha256 and size must be
-    the kept one (a lock written before locks carried paths gains them without any other change).
+    the kept one (a lock written before locks carried paths or time stamps gains them without any other
+    change). ``snapshot``: the snapshot archive's base URL, where each new file's time stamp is looked up.
     """
     with tempfile.TemporaryDirectory(prefix="sparkseal-apt-") as scratch:
         apt = PrivateApt(arch, Path(scratch), sources)
@@ -403,7 +451,7 @@ def compute_lock(
                 f"{old.request}: sha256 mismatch: expected {old.sha256} ({old.size} bytes, locked), actual "
                 f"{new.sha256} ({new.size} bytes, listed by the apt sources)"
             )
-    return lock_document(arch, roots, debs)
+    return lock_document(arch, roots, with_snapshots(debs, snapshot, keep))
 
 
 def lock_debian(
@@ -412,22 +460,24 @@ def lock_debian(
     roots: list[str] | None = None,
     sources: Path | None = None,
     keep_versions: bool = False,
+    snapshot: str | None = None,
 ) -> int:
     """Write the lock of ``roots`` (default ``ROOTS``) for ``arch`` to ``out``; return the exit status.
 
     ``keep_versions``: re-write the lock at ``out`` with its own roots and versions (compute_lock's
-    ``keep``), so that only the paths and archives apt lists now are added.
+    ``keep``), so that only the paths, archives and time stamps it lacks are added. ``snapshot``: the
+    snapshot archive's base URL (compute_lock).
     """
     chosen = sorted(ROOTS) if roots is None else roots
     try:
         keep = None
         if keep_versions:
             document = _read_document(out)
-            locked_arch, keep = _parse_lock(out, document, require_place=False)
+            locked_arch, keep = _parse_lock(out, document, formats=(LOCK_FORMAT, *_OLDER_FORMATS))
             if locked_arch != arch:
                 raise AptError(f"{out}: expected a lock for {arch}, actual architecture {locked_arch}")
             chosen = list(document.get("roots") or chosen)
-        document = compute_lock(arch, chosen, sources, keep)
+        document = compute_lock(arch, chosen, sources, keep, snapshot)
     except AptError as exc:
         print(f"sparkseal: {out}: {exc}", file=sys.stderr)
         return 1
@@ -449,29 +499,46 @@ def _read_document(path: Path) -> Any:
         raise AptError(f"{path}: cannot read the lock: {exc}") from exc
 
 
-def _parse_lock(path: Path, document: Any, require_place: bool = True) -> tuple[str, list[LockedDeb]]:
+def _parse_lock(
+    path: Path, document: Any, formats: tuple[int, ...] = (LOCK_FORMAT,)
+) -> tuple[str, list[LockedDeb]]:
+    """The architecture and packages of a lock document in one of ``formats``; an older format's entries
+    lack what it lacked (empty strings), for ``--keep-versions`` to add."""
     arch = document.get("architecture") if isinstance(document, dict) else None
     if arch not in ARCHITECTURES:
         raise AptError(f"{path}: expected architecture one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-    if require_place and document.get("format") != LOCK_FORMAT:
+    found = document.get("format")
+    if found not in formats or isinstance(found, bool):
         raise AptError(
-            f"{path}: expected lock format {LOCK_FORMAT} (each package with its archive and path), actual "
-            f"{document.get('format')!r}: add them with `sparkseal lock debian --arch {arch} --keep-versions "
-            f"--out {path}` (apt on a bookworm machine; no version changes)"
+            f"{path}: field `format`: expected {' or '.join(map(str, formats))} (format {LOCK_FORMAT}: each "
+            f"package with its archive, path and snapshot time stamp), actual {found!r}"
+            + (
+                f": rewrite it with `sparkseal lock debian --arch {arch} --keep-versions --out {path}` "
+                "(apt on a bookworm machine and the snapshot archive's API; no version changes)"
+                if found in _OLDER_FORMATS
+                else ""
+            )
         )
+    current = found == LOCK_FORMAT
     debs = []
     for entry in document.get("packages", []):
         fields = dict(entry) if isinstance(entry, dict) else {}
-        if not require_place:
+        if not current:
             fields.setdefault("archive", "")
             fields.setdefault("path", "")
+            fields.setdefault("snapshot", "")
         try:
             deb = LockedDeb(**{k: fields[k] for k in LockedDeb.__dataclass_fields__})
         except (KeyError, TypeError) as exc:
             raise AptError(f"{path}: malformed package entry {entry!r}: missing {exc}") from exc
         if not _SHA256.fullmatch(str(deb.sha256)):
             raise AptError(f"{path}: {deb.package}: sha256 {deb.sha256!r} is not 64 lowercase hex digits")
-        if require_place:
+        if current:
+            if not TIMESTAMP.fullmatch(str(deb.snapshot)):
+                raise AptError(
+                    f"{path}: {deb.package}: field `snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, "
+                    f"actual {deb.snapshot!r}"
+                )
             if not ARCHIVE_NAME.fullmatch(str(deb.archive)):
                 raise AptError(f"{path}: {deb.package}: expected an archive name, actual {deb.archive!r}")
             if _pool_path(str(deb.path)) != deb.path or PurePosixPath(deb.path).name != deb.filename:

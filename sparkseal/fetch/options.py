@@ -43,6 +43,8 @@ def _lock_vllm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def _lock_debian(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sparkseal.fetch.debian_archive import ArchiveError, snapshot_base
+    from sparkseal.fetch.debian_snapshot import SnapshotError, parse_base
     from sparkseal.fetch.lock_debian import lock_debian, roots_of
 
     default = DEFAULT_DEBIAN_LOCK if args.kind == "image" else DEFAULT_TOOLCHAIN_LOCK
@@ -53,16 +55,22 @@ def _lock_debian(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error(f"--sources {args.sources}: no such file")
     if args.keep_versions and not out.is_file():
         parser.error(f"--keep-versions: {out}: no such file")
+    try:
+        snapshot = parse_base(args.snapshot, "--snapshot") if args.snapshot else snapshot_base()
+    except (ArchiveError, SnapshotError) as exc:
+        parser.error(str(exc))
     return lock_debian(
         args.arch,
         out,
         roots=sorted(roots_of(args.kind, args.arch)),
         sources=args.sources,
         keep_versions=args.keep_versions,
+        snapshot=snapshot,
     )
 
 
 def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
+    from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV
     from sparkseal.fetch.lock_debian import ARCHITECTURES, KINDS, SOURCES_ENV
 
     debian = kinds.add_parser(
@@ -70,9 +78,11 @@ def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
         help="lock the Debian packages of the image's base OS for one architecture",
         description="Lock the dependency closure (Depends and Pre-Depends, as apt resolves them for an "
         "install without recommends) of the base OS packages for one architecture: each package's "
-        "version, filename, size and sha256 as apt's index lists them, its path in the archive and the "
-        "archive's name (a fetch joins them to the base URL the build machine configures; no host is "
-        "written). apt runs with a private state directory; the machine's dpkg state is not changed.",
+        "version, filename, size and sha256 as apt's index lists them, its path in the archive, the "
+        "archive's name and the time stamp at which Debian's snapshot archive first held the file (its "
+        "API, checked by downloading the file there); a fetch joins them to the base URLs the build "
+        "machine configures, no host is written. apt runs with a private state directory; the machine's "
+        "dpkg state is not changed.",
     )
     debian.add_argument("--arch", required=True, choices=ARCHITECTURES, help="Debian architecture")
     debian.add_argument(
@@ -100,7 +110,15 @@ def _add_lock_debian(kinds: argparse._SubParsersAction) -> None:
         "--keep-versions",
         action="store_true",
         help="re-write the existing lock with its own roots and versions, adding the path and archive "
-        "apt lists for each file now; fails if a sha256 or size differs",
+        "apt lists for each file now and the snapshot time stamps it lacks; fails if a sha256 or size "
+        "differs",
+    )
+    debian.add_argument(
+        "--snapshot",
+        default=None,
+        metavar="URL",
+        help=f"base URL of Debian's snapshot archive, whose API gives each file's time stamp (default: "
+        f"${SNAPSHOT_ENV}, else a snapshot URL of the machine's apt sources)",
     )
     debian.set_defaults(handler=_lock_debian, parser=debian)
 

@@ -11,7 +11,10 @@ The offline build mounts the first sid build's cache at the repository cache pat
 point of its own, with the output base on another: Bazel cannot hard-link a hit there, so each one is
 copied from the cache (link count 1). With the cache on the output base's own mount the hits are hard
 links. The fetch told to look for the cache elsewhere (SPARKSEAL_REPOSITORY_CACHE) goes to the network and
-fails: the copy is what serves the hits across mounts.
+fails: the copy is what serves the hits across mounts. The copy is no download: the same offline build
+with `--repository_disable_download`, as a new user on a CI volume would run it, passes too (the secret
+scanner's wheel included), and told to look elsewhere it fails naming the real cause (downloads off, the
+cache that lacks the file), not the network.
 """
 
 from __future__ import annotations
@@ -72,6 +75,13 @@ step same_mount bazel --output_base={scratch}/output-same build --config=bazel7 
 stat -c %h {scratch}/output-same/{debs}/*.deb | sort -u >"$OUT/same_mount.links"
 step elsewhere bazel --output_base={scratch}/output-elsewhere build --config=bazel7 \\
     --repo_env=SPARKSEAL_REPOSITORY_CACHE=/nonexistent @debian_linux_aarch64//:debs
+# Downloads off: the hits across the mount are still served (copies are no downloads).
+step no_download bazel --output_base={scratch}/output-no-download build --config=bazel7 \\
+    --repository_disable_download {target}
+bin=$(bazel --output_base={scratch}/output-no-download info --config=bazel7 bazel-bin 2>/dev/null)
+cp "$bin/{descriptor}" "$OUT/no_download.json"
+step no_download_elsewhere bazel --output_base={scratch}/output-no-download-elsewhere build --config=bazel7 \\
+    --repository_disable_download --repo_env=SPARKSEAL_REPOSITORY_CACHE=/nonexistent {target}
 """
 
 
@@ -134,5 +144,15 @@ def test_sid_fetches_the_bookworm_base_layer_cold_and_a_mounted_cache_builds_off
         status, _, output = _step(out, "elsewhere")
         assert status != 0, "without the cache's copies the offline build should have needed the network"
         assert "failed (expected sha256 " in output, output
+        status, _, output = _step(out, "no_download")
+        assert status == 0, f"offline build with downloads off and the bind-mounted cache failed:\n{output}"
+        assert _layer_digest(out / "no_download.json") == want
+        status, _, output = _step(out, "no_download_elsewhere")
+        assert status != 0, "with downloads off and no cache that holds the files, the build should fail"
+        assert (
+            "Bazel may not download (--repository_disable_download) and the repository cache at /nonexistent"
+            in (output)
+        ), output
+        assert "a proxy, TLS" not in output, output
     finally:
         remove_tree(scratch)

@@ -1,5 +1,6 @@
-"""Bazel tests of `debian_packages` and `debian_rootfs`: a fixture workspace and a loopback Debian archive
-(fetched by base URL + locked path, with no apt)."""
+"""Bazel tests of `debian_packages` and `debian_rootfs`: a fixture workspace, a loopback Debian archive
+(fetched by base URL + locked path, with no apt) and a loopback snapshot archive (the locked time stamp),
+and a repository cache Bazel cannot use itself, read with downloads off."""
 
 from __future__ import annotations
 
@@ -24,7 +25,18 @@ from tests.bazel_util import (
     Workspace,
     base_env,
 )
-from tests.fixtures_debian import AptRepo, Exec, Link, lock_for, make_deb, sha256, write_lock
+from tests.fixtures_debian import (
+    TIMESTAMP,
+    AptRepo,
+    Exec,
+    Link,
+    SnapshotArchive,
+    lock_for,
+    make_deb,
+    pool_path,
+    sha256,
+    write_lock,
+)
 
 pytestmark = [
     pytest.mark.bazel,
@@ -63,16 +75,28 @@ oci_layer(name = "base", rootfs = ":rootfs", scan = False)
 TARGETS = ("@debian_fixture//:debs", "@debian_fixture//:libfoo++1", "//:rootfs")
 
 
+# Bazel 4.2.3's name of --repository_disable_download (Bazel 7.7.1 takes both).
+DISABLE_DOWNLOAD = "--experimental_repository_disable_download"
+
+
 @dataclass
 class Fixture:
-    """The fixture .debs, the apt repository serving them and a workspace factory."""
+    """The fixture .debs, the apt repository serving them, snapshot archives with all and none of them,
+    and a workspace factory."""
 
     debs: list[Path]
     repo: AptRepo
+    snapshot: SnapshotArchive
+    no_snapshot: SnapshotArchive
     tmp: Path
 
     def workspace(
-        self, name: str, cache: Path, lock: dict[str, object] | None = None, archives: str | None = None
+        self,
+        name: str,
+        cache: Path,
+        lock: dict[str, object] | None = None,
+        archives: str | None = None,
+        snapshot: str | None = None,
     ) -> Workspace:
         root = self.tmp / name
         for rel in COPIES:
@@ -88,8 +112,12 @@ class Fixture:
             root=root,
             output_base=self.tmp / f"{name}-output-base",
             repository_cache=cache,
-            # No apt: the variable alone says where the archive is.
-            env=base_env(SPARKSEAL_DEBIAN_ARCHIVES=archives or self.repo.archives),
+            # No apt: the variables alone say where the archive and its snapshots are (by default a
+            # snapshot archive that holds nothing, never the one the machine's apt sources may name).
+            env=base_env(
+                SPARKSEAL_DEBIAN_ARCHIVES=archives or self.repo.archives,
+                SPARKSEAL_DEBIAN_SNAPSHOT=snapshot or self.no_snapshot.url,
+            ),
         )
 
 
@@ -110,8 +138,12 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
         make_deb(out, "tool", "1.0", ARCH, {"bin/tool": Exec(b"#!/bin/sh\n"), "usr/bin/alias": Link("tool")}),
         make_deb(out, "libfoo++1", "1:2.0-1", ARCH, {"usr/lib/libfoo.so.1": b"\x7fELF"}),
     ]
-    with AptRepo(tmp / "repo", debs) as repo:
-        yield Fixture(debs, repo, tmp)
+    with (
+        AptRepo(tmp / "repo", debs) as repo,
+        SnapshotArchive(tmp / "snapshot", {"debian": debs}) as snapshot,
+        SnapshotArchive(tmp / "no-snapshot", {}) as no_snapshot,
+    ):
+        yield Fixture(debs, repo, snapshot, no_snapshot, tmp)
 
 
 def _bin(ws: Workspace, rel: str) -> Path:
@@ -167,7 +199,31 @@ def test_fetch_rootfs_then_offline_clone_is_identical(fixture: Fixture) -> None:
         clone.shutdown()
 
 
-def test_a_mirror_without_the_file_fails_naming_package_url_and_sha256(fixture: Fixture) -> None:
+def test_a_mirror_that_dropped_a_locked_version_is_bridged_by_the_snapshot(
+    fixture: Fixture, tmp_path: Path
+) -> None:
+    """The mirror has moved on from base-files 12.4 (a point release superseded it); the snapshot archive
+    still has it at the locked time stamp, and the build gets the locked bytes from there."""
+    first, *rest = fixture.debs  # base-files, the first locked package
+    with AptRepo(tmp_path / "moved-on", rest) as mirror:
+        ws = fixture.workspace(
+            "ws-dropped", tmp_path / "cache", archives=mirror.archives, snapshot=fixture.snapshot.url
+        )
+        before = fixture.snapshot.deb_requests()
+        try:
+            result = ws.bazel("build", "@debian_fixture//:debs")
+        finally:
+            ws.shutdown()
+        assert result.returncode == 0, result.output
+        assert mirror.deb_requests() >= len(rest)
+    path = f"/archive/debian/{TIMESTAMP}/{pool_path('base-files', first.name)}"
+    assert fixture.snapshot.requests[path] >= 1
+    assert fixture.snapshot.deb_requests() - before == fixture.snapshot.requests[path]
+    external = ws.output_base / "external/debian_fixture/debs"
+    assert all(sha256(external / d.name) == sha256(d) for d in fixture.debs)
+
+
+def test_neither_mirror_nor_snapshot_fails_naming_package_both_urls_and_sha256(fixture: Fixture) -> None:
     first = fixture.debs[0]  # base-files, the first locked package
     base = fixture.repo.url + "elsewhere"
     ws = fixture.workspace("ws-mirror", fixture.tmp / "cache-mirror", archives=f"debian={base}")
@@ -176,11 +232,65 @@ def test_a_mirror_without_the_file_fails_naming_package_url_and_sha256(fixture: 
     finally:
         ws.shutdown()
     assert result.returncode != 0
-    url = f"{base}/pool/main/b/base-files/{first.name}"
-    expected = f"sparkseal: base-files=12.4 ({first.name}): download from {url} failed (expected sha256 "
-    assert f"{expected}{sha256(first)}, locked in //:fixture.lock.json): " in result.output
-    assert "HTTP Error 404" in result.output
+    path = pool_path("base-files", first.name)
+    url = f"{base}/{path}"
+    snapshot = f"{fixture.no_snapshot.url}/archive/debian/{TIMESTAMP}/{path}"
+    expected = (
+        f"sparkseal: base-files=12.4 ({first.name}): download from {url} and from {snapshot} failed "
+        f"(expected sha256 {sha256(first)}, locked in //:fixture.lock.json):"
+    )
+    assert expected in result.output, result.output
+    assert f"{url}: sparkseal: {first.name}: cannot download {url}: HTTP Error 404" in result.output
+    assert f"{snapshot}: sparkseal: {first.name}: cannot download {snapshot}: HTTP Error 404" in result.output
     assert not (ws.output_base / "external/debian_fixture/BUILD").exists()
+
+
+def test_offline_a_cache_bazel_cannot_use_is_copied_and_a_miss_names_the_cause(
+    fixture: Fixture, tmp_path: Path
+) -> None:
+    """With downloads off, the repository cache Bazel is given is empty (as one on another mount is to it:
+    no hard link can be made there) and SPARKSEAL_REPOSITORY_CACHE names the one that holds the files:
+    they are copied from it, no download involved. Naming an empty one fails with the real cause."""
+    full = tmp_path / "full-cache"
+    seed = fixture.workspace("ws-seed", full)
+    try:
+        assert seed.bazel("build", "@debian_fixture//:debs").returncode == 0
+    finally:
+        seed.shutdown()
+    before = sum(fixture.repo.requests.values())
+    ws = fixture.workspace("ws-offline", tmp_path / "empty-cache")
+    try:
+        result = ws.bazel(
+            "build",
+            DISABLE_DOWNLOAD,
+            f"--repo_env=SPARKSEAL_REPOSITORY_CACHE={full}",
+            "@debian_fixture//:debs",
+        )
+        assert result.returncode == 0, result.output
+        external = ws.output_base / "external/debian_fixture/debs"
+        assert all(sha256(external / d.name) == sha256(d) for d in fixture.debs)
+        assert {(external / d.name).stat().st_nlink for d in fixture.debs} == {1}
+
+        elsewhere = tmp_path / "elsewhere"
+        result = ws.bazel(
+            "build",
+            DISABLE_DOWNLOAD,
+            f"--repo_env=SPARKSEAL_REPOSITORY_CACHE={elsewhere}",
+            "@debian_fixture//:debs",
+        )
+    finally:
+        ws.shutdown()
+    assert result.returncode != 0
+    assert (
+        f"Bazel may not download (--repository_disable_download) and the repository cache at {elsewhere}"
+        in (result.output)
+    )
+    for deb in fixture.debs:
+        assert (
+            f"({deb.name}): expected sha256 {sha256(deb)} (locked in //:fixture.lock.json)" in result.output
+        )
+    assert "proxy" not in result.output
+    assert sum(fixture.repo.requests.values()) == before
 
 
 def test_the_downloader_config_rewrites_the_archive_urls(fixture: Fixture, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Where the fetch downloads each locked .deb from: the archives' base URLs (the variable, the apt sources,
-their siblings) joined to the locked paths; no apt is run. Locks come from a loopback apt repository.
+their siblings) joined to the locked paths, then the snapshot archive at the locked time stamps; no apt is
+run. Locks come from a loopback apt repository and a loopback snapshot archive.
 
 The lock writer: test_lock_debian.py.
 """
@@ -19,12 +20,15 @@ from sparkseal.fetch.debian_archive import (
     ArchiveError,
     archive_bases,
     host_archives,
+    host_snapshot,
     locked_urls,
     parse_archives,
+    snapshot_base,
 )
 from sparkseal.fetch.debian_archive import main as archive_main
+from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV
 from sparkseal.fetch.lock_debian import lock_debian
-from tests.fixtures_debian import AptRepo, write_lock
+from tests.fixtures_debian import TIMESTAMP, AptRepo, SnapshotArchive, write_lock
 from tests.unit.test_lock_debian import ROOT_SET, _format_1, make_debs
 
 pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed")
@@ -41,21 +45,35 @@ def repo(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield served
 
 
+@pytest.fixture(scope="module")
+def snapshot(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with SnapshotArchive(tmp_path_factory.mktemp("snapshot"), {"debian": list(debs.values())}) as served:
+        yield served.url
+
+
 def test_locked_urls_join_the_configured_base_to_the_locked_path(
-    repo: AptRepo, debs: dict[str, Path], tmp_path: Path
+    repo: AptRepo, snapshot: str, debs: dict[str, Path], tmp_path: Path
 ) -> None:
     lock = tmp_path / "lock.json"
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, snapshot=snapshot) == 0
     # apt is never run: the machine's apt sources say nothing here, the variable names the archive.
     no_sources = [tmp_path / "no-sources"]
     urls = locked_urls(lock, ["liba", "prov"], {ARCHIVES_ENV: repo.archives}, no_sources)
     assert urls == {
-        "liba": f"{repo.url}pool/main/liba/liba/liba_1.0-1_arm64.deb",
-        "prov": f"{repo.url}pool/main/p/prov/prov_1.0_all.deb",
+        "liba": [f"{repo.url}pool/main/liba/liba/liba_1.0-1_arm64.deb"],
+        "prov": [f"{repo.url}pool/main/p/prov/prov_1.0_all.deb"],
     }
-    for package, url in urls.items():
-        with urllib.request.urlopen(url) as response:
-            assert response.read() == debs[package].read_bytes()
+    # With a snapshot base, each file's second URL is the snapshot archive's at its locked time stamp.
+    env = {ARCHIVES_ENV: repo.archives, SNAPSHOT_ENV: snapshot + "/"}
+    urls = locked_urls(lock, ["liba", "prov"], env, no_sources)
+    assert (
+        urls["liba"][1] == f"{snapshot}/archive/debian/{TIMESTAMP}/pool/main/liba/liba/liba_1.0-1_arm64.deb"
+    )
+    for package, found in urls.items():
+        assert len(found) == 2
+        for url in found:
+            with urllib.request.urlopen(url) as response:
+                assert response.read() == debs[package].read_bytes()
     assert sorted(locked_urls(lock, [], {ARCHIVES_ENV: repo.archives}, no_sources)) == [
         "app",
         "liba",
@@ -121,16 +139,49 @@ def test_archive_bases_from_the_variable_the_apt_sources_and_siblings(tmp_path: 
         archive_bases(["debian", "debian-security"], {}, [sources])
 
 
+def test_the_snapshot_base_from_the_variable_or_the_apt_sources(tmp_path: Path) -> None:
+    parts = tmp_path / "sources.list.d"
+    parts.mkdir()
+    # Debian's container images name each source's snapshot in a comment line above its URI.
+    (parts / "debian.sources").write_text(
+        "Types: deb\n# http://snap.example/archive/debian/20250520T000000Z\nURIs: http://m.example/debian\n"
+        "Suites: bookworm\nComponents: main\n"
+    )
+    assert host_snapshot([parts]) == "http://snap.example"
+    # A source whose URI is the snapshot archive at a time stamp; a comment with more words is no URL.
+    sources = tmp_path / "sources.list"
+    sources.write_text(
+        "# see http://words.example/archive/debian/20250520T000000Z too\n"
+        "deb https://snap2.example/base/archive/debian-security/20240101T000000Z/ bookworm-security main\n"
+    )
+    assert host_snapshot([sources, parts]) == "https://snap2.example/base"
+    assert snapshot_base({}, [sources, parts]) == "https://snap2.example/base"
+    # The variable wins; without either there is none.
+    assert snapshot_base({SNAPSHOT_ENV: "file:///srv/snapshot/"}, [sources]) == "file:///srv/snapshot"
+    assert snapshot_base({}, [tmp_path / "none"]) is None
+    # The variable names the base, not one archive at one time stamp.
+    with pytest.raises(ArchiveError, match=rf"\${SNAPSHOT_ENV}: expected the snapshot archive's base URL"):
+        snapshot_base({SNAPSHOT_ENV: "http://snap.example/archive/debian/20250520T000000Z"}, [])
+
+
 def test_urls_command_prints_tab_separated_urls_or_one_error(
-    repo: AptRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    repo: AptRepo,
+    snapshot: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     lock = tmp_path / "lock.json"
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, snapshot=snapshot) == 0
     capsys.readouterr()
     monkeypatch.setenv(ARCHIVES_ENV, repo.archives)
+    monkeypatch.setenv(SNAPSHOT_ENV, snapshot)
     assert archive_main(["urls", "--lock", str(lock), "pre"]) == 0
-    assert capsys.readouterr().out == f"pre\t{repo.url}pool/main/p/pre/pre_3.0_arm64.deb\n"
+    path = "pool/main/p/pre/pre_3.0_arm64.deb"
+    assert capsys.readouterr().out == f"pre\t{repo.url}{path}\t{snapshot}/archive/debian/{TIMESTAMP}/{path}\n"
+    assert archive_main(["snapshot-base"]) == 0
+    assert capsys.readouterr().out == f"{snapshot}\n"
     write_lock(lock, _format_1(json.loads(lock.read_text())))
     assert archive_main(["urls", "--lock", str(lock)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"sparkseal: {lock}: expected lock format 2") and err.count("\n") == 1
+    assert err.startswith(f"sparkseal: {lock}: field `format`: expected 3") and err.count("\n") == 1

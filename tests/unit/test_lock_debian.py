@@ -18,7 +18,7 @@ from sparkseal.cli import main as cli_main
 from sparkseal.fetch.debian_archive import locked_urls
 from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, AptError, lock_debian, read_lock
 from tests.bazel_util import REPO
-from tests.fixtures_debian import AptRepo, make_deb, pool_path, sha256, write_lock
+from tests.fixtures_debian import TIMESTAMP, AptRepo, SnapshotArchive, make_deb, pool_path, sha256, write_lock
 
 pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed")
 
@@ -58,11 +58,18 @@ def repo(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield served
 
 
+@pytest.fixture(scope="module")
+def snapshot(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of a snapshot archive that holds every fixture .deb at TIMESTAMP."""
+    with SnapshotArchive(tmp_path_factory.mktemp("snapshot"), {"debian": list(debs.values())}) as served:
+        yield served.url
+
+
 def test_lock_is_the_closure_with_index_hashes_and_is_stable(
-    repo: AptRepo, debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    repo: AptRepo, snapshot: str, debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bookworm_arm64.lock.json"
-    assert lock_debian("arm64", out, ROOT_SET, repo.sources) == 0
+    assert lock_debian("arm64", out, ROOT_SET, repo.sources, snapshot=snapshot) == 0
     text = out.read_text()
     assert text.endswith("}\n")
     document = json.loads(text)
@@ -79,6 +86,8 @@ def test_lock_is_the_closure_with_index_hashes_and_is_stable(
         # Where the file lies in its archive, and the archive (the Release file's Label), never a host.
         assert entry["path"] == pool_path(entry["package"], deb.name)
         assert entry["archive"] == "debian"
+        # When the snapshot archive first held the file (its API), checked there by sha256.
+        assert entry["snapshot"] == TIMESTAMP
         assert entry["sha256"] == sha256(deb)
         assert entry["size"] == deb.stat().st_size
     liba = next(p for p in document["packages"] if p["package"] == "liba")
@@ -93,15 +102,15 @@ def test_lock_is_the_closure_with_index_hashes_and_is_stable(
     assert f"{out}: 4 packages for arm64" in capsys.readouterr().out
 
     # Locking again changes nothing, and says so.
-    assert lock_debian("arm64", out, ROOT_SET, repo.sources) == 0
+    assert lock_debian("arm64", out, ROOT_SET, repo.sources, snapshot=snapshot) == 0
     assert out.read_text() == text
     assert "(unchanged)" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == [out]
 
 
-def test_lock_for_the_other_architecture(repo: AptRepo, tmp_path: Path) -> None:
+def test_lock_for_the_other_architecture(repo: AptRepo, snapshot: str, tmp_path: Path) -> None:
     out = tmp_path / "amd64.json"
-    assert lock_debian("amd64", out, ROOT_SET, repo.sources) == 0
+    assert lock_debian("amd64", out, ROOT_SET, repo.sources, snapshot=snapshot) == 0
     packages = json.loads(out.read_text())["packages"]
     assert [(p["package"], p["architecture"]) for p in packages] == [("app", "amd64"), ("prov", "all")]
 
@@ -138,24 +147,38 @@ def test_sources_of_another_release_are_refused(
 
 
 def _format_1(document: dict[str, object]) -> dict[str, object]:
-    """The lock as format 1 wrote it: no archive, no path."""
-    packages = [{k: v for k, v in p.items() if k not in ("archive", "path")} for p in document["packages"]]  # type: ignore[attr-defined]
+    """The lock as format 1 wrote it: no archive, no path, no snapshot."""
+    packages = [
+        {k: v for k, v in p.items() if k not in ("archive", "path", "snapshot")}
+        for p in document["packages"]  # type: ignore[attr-defined]
+    ]
     return {**document, "format": 1, "packages": packages}
 
 
+def _format_2(document: dict[str, object]) -> dict[str, object]:
+    """The lock as format 2 wrote it: no snapshot."""
+    packages = [{k: v for k, v in p.items() if k != "snapshot"} for p in document["packages"]]  # type: ignore[attr-defined]
+    return {**document, "format": 2, "packages": packages}
+
+
 def test_keep_versions_adds_paths_and_archives_and_nothing_else(
-    repo: AptRepo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    repo: AptRepo, snapshot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lock = tmp_path / "lock.json"
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources) == 0
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, snapshot=snapshot) == 0
     current = lock.read_text()
     write_lock(lock, _format_1(json.loads(current)))
     with pytest.raises(
-        AptError, match=r"expected lock format 2 .* actual 1: add them with `sparkseal lock debian"
+        AptError,
+        match=r"lock.json: field `format`: expected 3 .* actual 1: rewrite it with `sparkseal lock debian",
     ):
         read_lock(lock)
     # Other roots given: the lock's own roots and versions are kept.
-    assert lock_debian("arm64", lock, ["pre"], repo.sources, keep_versions=True) == 0
+    assert lock_debian("arm64", lock, ["pre"], repo.sources, keep_versions=True, snapshot=snapshot) == 0
+    assert lock.read_text() == current
+    # A format 2 lock gains its time stamps the same way.
+    write_lock(lock, _format_2(json.loads(current)))
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, keep_versions=True, snapshot=snapshot) == 0
     assert lock.read_text() == current
     capsys.readouterr()
 
@@ -165,11 +188,37 @@ def test_keep_versions_adds_paths_and_archives_and_nothing_else(
     next(p for p in document["packages"] if p["package"] == "pre")["sha256"] = wrong  # type: ignore[attr-defined]
     write_lock(lock, document)
     before = lock.read_text()
-    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, keep_versions=True) == 1
+    assert lock_debian("arm64", lock, ROOT_SET, repo.sources, keep_versions=True, snapshot=snapshot) == 1
     err = capsys.readouterr().err
     assert f"pre:arm64=3.0: sha256 mismatch: expected {wrong}" in err
     assert f"actual {sha256(repo.root / pool_path('pre', 'pre_3.0_arm64.deb'))}" in err
     assert lock.read_text() == before
+
+
+def test_the_snapshot_time_stamp_is_checked_by_sha256_or_the_lock_is_not_written(
+    repo: AptRepo, debs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "lock.json"
+    # A snapshot archive without liba: no time stamp, named with the package.
+    held = [deb for name, deb in debs.items() if name != "liba"]
+    with SnapshotArchive(tmp_path / "partial", {"debian": held}) as partial:
+        assert lock_debian("arm64", out, ROOT_SET, repo.sources, snapshot=partial.url) == 1
+    err = capsys.readouterr().err
+    assert "liba=2:1.0-1: expected the snapshot archive to list liba_1.0-1_arm64.deb in debian" in err
+    assert not out.exists()
+    # One whose file at that time stamp is not the locked one.
+    with SnapshotArchive(tmp_path / "other", {"debian": list(debs.values())}) as other:
+        served = other.root / "archive/debian" / TIMESTAMP / pool_path("pre", debs["pre"].name)
+        served.write_bytes(b"other bytes")
+        assert lock_debian("arm64", out, ROOT_SET, repo.sources, snapshot=other.url) == 1
+    err = capsys.readouterr().err
+    assert f"pre=3.0: sha256 mismatch at {other.url}/archive/debian/{TIMESTAMP}/pool/" in err
+    assert f"expected {sha256(debs['pre'])} (locked)" in err
+    assert not out.exists()
+    # None at all: the error says how to name one.
+    assert lock_debian("arm64", out, ROOT_SET, repo.sources) == 1
+    assert "no base URL of the snapshot archive" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_source_without_label_cannot_name_the_archive(
@@ -186,7 +235,7 @@ def test_a_source_without_label_cannot_name_the_archive(
 def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
     lock = write_lock(
         tmp_path / "lock.json",
-        {"architecture": "arm64", "format": 2, "packages": [{"package": "x", "sha256": "ab"}]},
+        {"architecture": "arm64", "format": 3, "packages": [{"package": "x", "sha256": "ab"}]},
     )
     with pytest.raises(AptError, match=r"lock.json: malformed package entry .* missing 'version'"):
         read_lock(lock)
@@ -198,9 +247,10 @@ def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
         "path": "../x_1_arm64.deb",
         "sha256": "a" * 64,
         "size": 1,
+        "snapshot": TIMESTAMP,
         "version": "1",
     }
-    write_lock(lock, {"architecture": "arm64", "format": 2, "packages": [entry]})
+    write_lock(lock, {"architecture": "arm64", "format": 3, "packages": [entry]})
     with pytest.raises(
         AptError, match=r"x: expected a relative path without '\.\.' ending in /x_1_arm64.deb"
     ):
@@ -209,12 +259,23 @@ def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
         lock,
         {
             "architecture": "arm64",
-            "format": 2,
+            "format": 3,
             "packages": [{**entry, "path": "pool/x_1_arm64.deb", "archive": "Debian Main"}],
         },
     )
     with pytest.raises(AptError, match=r"x: expected an archive name, actual 'Debian Main'"):
         read_lock(lock)
+    good = {**entry, "path": "pool/x_1_arm64.deb"}
+    write_lock(lock, {"architecture": "arm64", "format": 3, "packages": [{**good, "snapshot": "2024-06-11"}]})
+    with pytest.raises(
+        AptError, match=r"x: field `snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, actual '2024-06-11'"
+    ):
+        read_lock(lock)
+    # A format this reader does not know, newer or older: named with the file, the field and the format.
+    for unknown in (4, 0, "3"):
+        write_lock(lock, {"architecture": "arm64", "format": unknown, "packages": [good]})
+        with pytest.raises(AptError, match=rf"lock.json: field `format`: expected 3 .*actual {unknown!r}$"):
+            read_lock(lock)
     write_lock(lock, {"architecture": "riscv64", "packages": []})
     with pytest.raises(AptError, match=r"expected architecture one of amd64, arm64, got 'riscv64'"):
         read_lock(lock)
@@ -249,6 +310,6 @@ def test_checked_in_lock_still_resolves_on_the_archive(arch: str) -> None:
     assert sorted(urls) == sorted(d.package for d in debs)
     for deb in debs:
         with urllib.request.urlopen(
-            urllib.request.Request(urls[deb.package], method="HEAD"), timeout=60
+            urllib.request.Request(urls[deb.package][0], method="HEAD"), timeout=60
         ) as reply:
             assert int(reply.headers["Content-Length"]) == deb.size, urls[deb.package]
