@@ -12,8 +12,7 @@ hub's `WHEELS_BY_LAYER` is computed with it.
 load(":module_manifest.bzl", "module_manifest")
 load(":oci_image.bzl", "oci_image")
 load(":oci_layer.bzl", "oci_layer")
-load(":provenance.bzl", "sbom")
-load(":sbom.bzl", "sbom_cyclonedx")
+load(":sbom.bzl", "sbom", "sbom_cyclonedx")
 load(":wheel_layers.bzl", "DEPS_LAYER", "TORCH_LAYER")
 
 VENV = "/opt/venv"

@@ -1,6 +1,6 @@
-"""`provenance` (in-toto Statement v1 with SLSA v1 provenance) and `sbom` (SPDX 2.3 JSON) of one platform.
+"""`provenance` (in-toto Statement v1 with SLSA v1 provenance) of one platform.
 
-See sparkseal/actions/provenance.py and sparkseal/actions/sbom.py for what each document holds.
+See sparkseal/actions/provenance.py for what the document holds (the SBOMs: rules/private/sbom.bzl).
 `sparkseal provenance check bazel-bin/<name>.intoto.json` re-derives the provenance's subjects.
 """
 
@@ -171,50 +171,4 @@ provenance = rule(
         "_tool": tool("//sparkseal/actions:provenance"),
     },
     toolchains = [LOCKS_TOOLCHAIN],
-)
-
-def _sbom_impl(ctx):
-    out = ctx.actions.declare_file(ctx.label.name + ".spdx.json")
-    args = ctx.actions.args()
-    args.use_param_file("@%s", use_always = True)
-    args.set_param_file_format("multiline")
-    args.add("--platform", ctx.attr.platform)
-    args.add("--name", ctx.attr.document_name or ctx.label.name)
-    args.add("--vllm-lock", ctx.file.vllm_lock)
-    args.add("--python-lock", ctx.file.python_lock)
-    args.add("--debian-lock", ctx.file.debian_lock)
-    args.add("--vllm-wheel", ctx.file.vllm_wheel)
-    args.add_all(ctx.files.wheels, before_each = "--wheel")
-    _patch_args(args, ctx.files.patches)
-    args.add("--out", out)
-    ctx.actions.run(
-        executable = ctx.executable._tool,
-        arguments = [args],
-        inputs = ctx.files.patches + ctx.files.wheels + [
-            ctx.file.vllm_lock,
-            ctx.file.python_lock,
-            ctx.file.debian_lock,
-            ctx.file.vllm_wheel,
-        ],
-        outputs = [out],
-        env = ACTION_ENV,
-        mnemonic = "Sbom",
-        progress_message = "Writing the SBOM of %s" % ctx.attr.platform,
-    )
-    return [DefaultInfo(files = depset([out]))]
-
-sbom = rule(
-    implementation = _sbom_impl,
-    doc = "Writes `name.spdx.json`: the SPDX 2.3 SBOM of one platform's image.",
-    attrs = {
-        "platform": attr.string(mandatory = True, values = PLATFORMS, doc = "The platform of the image described."),
-        "document_name": attr.string(doc = "The SPDX document name; default: the target name."),
-        "vllm_lock": _LOCK,
-        "python_lock": _LOCK,
-        "debian_lock": _LOCK,
-        "vllm_wheel": attr.label(mandatory = True, allow_single_file = [".whl"], doc = "Our vLLM wheel."),
-        "wheels": attr.label_list(allow_files = [".whl"], doc = "Other wheels the build makes."),
-        "patches": attr.label_list(allow_files = [".patch"], doc = "The vLLM patch series, in order."),
-        "_tool": tool("//sparkseal/actions:sbom"),
-    },
 )
