@@ -217,6 +217,18 @@ def _corrupt(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
             b"PK\x03\x04",
             "expected a Debian package (an ar archive with a data.tar member), cannot read it: ",
         ),
+        # A size is decimal digits, space-padded, as dpkg-deb reads it: no sign, no leading space.
+        "signed-size.deb": (
+            _ar([("debian-binary", b"2.0\n")]).replace(b"4         `", b"+4        `"),
+            "expected a Debian package (an ar archive with a data.tar member), cannot read it: member "
+            "'debian-binary': bad size field b'+4        '",
+        ),
+        "compressed-oddly.deb": (
+            _ar([("debian-binary", b"2.0\n"), ("data.tar.lz4", b"")]),
+            "expected a Debian package (an ar archive with a data.tar member), cannot read it: "
+            "data.tar.lz4 is not supported (expected one of data.tar, data.tar.gz, data.tar.bz2, "
+            "data.tar.xz, data.tar.zst)",
+        ),
         "bad-data.deb": (
             _ar([("debian-binary", b"2.0\n"), ("data.tar.xz", b"not xz at all")]),
             "expected a Debian package whose data.tar.xz is an xz-compressed tar archive, cannot read it: ",
@@ -1073,7 +1085,7 @@ def test_a_deb_with_two_members_of_one_name_is_refused(tmp_path: Path) -> None:
     assert str(caught.value) == (
         f"{deb}: expected a Debian package (an ar archive with a data.tar member), cannot read it: two "
         f"members named 'data.tar.xz' (their ar headers at bytes {first} and {second}); refused, since "
-        "which one an unpacker reads is not the scan's to choose"
+        "which one an unpacker reads is not ours to choose"
     )
 
 
