@@ -129,7 +129,8 @@ def make_deb(
     return deb
 
 
-def _ar(members: list[tuple[str, bytes]]) -> bytes:
+def ar_archive(members: list[tuple[str, bytes]]) -> bytes:
+    """An ``ar`` archive of ``members`` in order, as dpkg-deb writes one (any names, duplicates too)."""
     out = b"!<arch>\n"
     for name, data in members:
         out += f"{name:<16}{0:<12}{0:<6}{0:<6}{0o100644:<8o}{len(data):<10}`\n".encode()
@@ -168,7 +169,9 @@ def make_raw_deb(
     """Write a .deb from explicit ``data.tar`` members (uncompressed), without dpkg-deb's checks."""
     control = _tar([tar_entry("./control", _control(package, version, arch, {}).encode())])
     deb = out_dir / pool_name(package, version, arch)
-    deb.write_bytes(_ar([("debian-binary", b"2.0\n"), ("control.tar", control), (data_member, _tar(data))]))
+    deb.write_bytes(
+        ar_archive([("debian-binary", b"2.0\n"), ("control.tar", control), (data_member, _tar(data))])
+    )
     return deb
 
 

@@ -10,8 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from sparkseal.core.deb import DROP_POLICIES, DebError
 from sparkseal.core.repo_names import apparent_text
-from sparkseal.install.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
+from sparkseal.install.debian_rootfs import build_rootfs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output tree (an empty directory)")
     parser.add_argument("--links", type=Path, required=True, help="output JSON list of symlinks")
     parser.add_argument("--dirs", type=Path, required=True, help="output JSON list of directories")
-    parser.add_argument("--exclude", choices=sorted(EXCLUDE_PROFILES), default="slim")
+    parser.add_argument("--exclude", choices=sorted(DROP_POLICIES), default="slim")
     parser.add_argument("debs", type=Path, nargs="+")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sparkseal.core.deb import DROP_POLICIES, DebError
 from sparkseal.core.layer_plan import LayerError, plan_layer
 from sparkseal.core.layer_write import write_layer
 from sparkseal.core.manifest import ManifestError, dumps, tree_manifest
@@ -54,7 +55,7 @@ from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.tar import TarError
 from sparkseal.core.wheel_split import PARTS, SplitError, load_split
 from sparkseal.core.wheels import PLATFORMS, WheelError
-from sparkseal.install.debian_rootfs import EXCLUDE_PROFILES, DebError, build_rootfs
+from sparkseal.install.debian_rootfs import build_rootfs
 from sparkseal.install.layer_split import image_keep, split_keep
 from sparkseal.install.venv import DEFAULT_PREFIX, InstallError, install_wheels, read_replaces
 from sparkseal.scan.catalogue import CatalogueError
@@ -86,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     debian = parser.add_argument_group("debs", "unpack locked .debs at / (the base OS)")
     debian.add_argument("--deb", type=Path, action="append", default=[], help="a locked .deb to unpack")
     debian.add_argument("--deb-lock", type=Path, help="the Debian lock the .debs must be exactly")
-    debian.add_argument("--deb-exclude", choices=sorted(EXCLUDE_PROFILES), default="slim")
+    debian.add_argument("--deb-exclude", choices=sorted(DROP_POLICIES), default="slim")
     scan = parser.add_argument_group("scan", "scan the layer's files for secrets before writing it")
     scan.add_argument("--scanner", type=Path, help="the locked kingfisher binary")
     scan.add_argument("--scan-allow", type=Path, help="allow-list JSON (none: every finding fails)")

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from sparkseal.core.deb import ArMember, DebError, ar_members, compression, tar_member
 from sparkseal.core.pzstd import ZstdUnavailable, load_zstandard
 from sparkseal.core.pzstd import reader as zstd_reader
 
@@ -105,14 +106,6 @@ KINDS: dict[str, ArchiveKind] = {
     ".tar.zst": _TAR_KINDS["zst"],
     ".tzst": _TAR_KINDS["zst"],
     ".tar": _TAR_KINDS[""],
-}
-# A .deb's data member: data.tar or data.tar.<compression> (dpkg writes gz, xz and zst, older ones bz2).
-_DEB_DATA = {
-    "data.tar": "",
-    "data.tar.gz": "gz",
-    "data.tar.bz2": "bz2",
-    "data.tar.xz": "xz",
-    "data.tar.zst": "zst",
 }
 
 # What a corrupt member's bytes raise while they are read, by container and decompressor.
@@ -523,7 +516,8 @@ def outside_members(path: Path, shown: str, kind: ArchiveKind) -> list[tuple[int
     refused (:func:`_tar_members`); its bytes that are no member's data are :class:`Skipped`. An ar
     archive (a .deb) has none either: its members are read header after header from its magic to its
     last byte, each member's data following its header (an odd one padded with one byte), and a
-    truncated or corrupt header, or a second member of one name, is refused (:func:`_ar_members`).
+    truncated or corrupt header, or a second member of one name, is refused
+    (``sparkseal.core.deb.ar_members``).
     """
     if kind.container != "zip":
         return []
@@ -967,77 +961,38 @@ def _deb_members(
     path: Path, shown: str, kind: ArchiveKind, budget: Budget, skipped: Skipped | None = None
 ) -> Iterator[Member]:
     """The members of a .deb's data.tar, and its other ar members as they are, streamed from the .deb on
-    disk (its ar headers read first), in archive order.
+    disk (its ar headers read first, by ``sparkseal.core.deb``), in archive order.
 
     The other members are handed out whole: the control tar (``control.tar.gz``: maintainer scripts
     that run as root at install) is opened by the caller like any nested archive, by its name, and
-    anything else is scanned as its bytes. The rootfs builder's reader is not used: it reads the .deb and
-    decompresses a whole member in memory with no limit, where the scan must refuse a bomb before
-    unpacking it, and it does not read zstd.
+    anything else is scanned as its bytes. The unpackers' reading of a whole member into memory is not
+    used: the scan must refuse a bomb before unpacking it, and it reads zstd.
     """
+    where = f"{shown}: expected {kind.description}, cannot read it"
     try:
         with path.open("rb") as raw:
-            listed = _ar_members(raw, shown, kind, budget)
-            data = sorted(name for name in listed if name.startswith("data.tar"))
-            if len(data) != 1 or data[0] not in _DEB_DATA:
-                raise ArchiveError(
-                    f"{shown}: expected {kind.description}, cannot read it: expected one member of "
-                    f"{', '.join(_DEB_DATA)}, found {data or 'none'} among {sorted(listed)}"
-                )
+            listed: dict[str, ArMember] = {}
+            for member in ar_members(raw, where):
+                _enter(shown, budget, len(listed) + 1, f" (its ar header at byte {member.header})")
+                listed[member.name] = member
+            data = tar_member(listed, "data", where)
             packed = path.stat().st_size
-            for name, (offset, size) in listed.items():
-                raw.seek(offset)
-                if name != data[0]:
-                    _admit(shown, packed, size, budget, size, f"its member {name}")
-                    budget.used += size
-                    yield Member(name, size, _Window(raw, size))  # type: ignore[arg-type]
+            for name, member in listed.items():
+                raw.seek(member.start)
+                if name != data:
+                    _admit(shown, packed, member.size, budget, member.size, f"its member {name}")
+                    budget.used += member.size
+                    yield Member(name, member.size, _Window(raw, member.size))  # type: ignore[arg-type]
                     continue
-                compression = _DEB_DATA[name]
                 tar = ArchiveKind(
-                    f"a Debian package whose {name} is {_TAR_KINDS[compression].description}", "tar"
+                    f"a Debian package whose {name} is {_TAR_KINDS[compression(name)].description}", "tar"
                 )
-                content = _Window(raw, size)
-                yield from _tar_members(content, size, shown, tar, compression, budget, skipped)  # type: ignore[arg-type]
+                content = _Window(raw, member.size)
+                yield from _tar_members(content, member.size, shown, tar, compression(name), budget, skipped)  # type: ignore[arg-type]
+    except DebError as error:
+        raise ArchiveError(str(error)) from error
     except OSError as error:
-        raise ArchiveError(f"{shown}: expected {kind.description}, cannot read it: {error}") from error
-
-
-_AR_MAGIC = b"!<arch>\n"
-_AR_HEADER = 60
-
-
-def _ar_members(raw: IO[bytes], shown: str, kind: ArchiveKind, budget: Budget) -> dict[str, tuple[int, int]]:
-    """The members of an ar archive by name: (offset of its bytes, size), from its headers alone."""
-    where = f"{shown}: expected {kind.description}, cannot read it"
-    magic = raw.read(len(_AR_MAGIC))
-    if magic != _AR_MAGIC:
-        raise ArchiveError(f"{where}: expected an ar archive starting with {_AR_MAGIC!r}, got {magic!r}")
-    total = raw.seek(0, io.SEEK_END)
-    found: dict[str, tuple[int, int]] = {}
-    offset = len(_AR_MAGIC)
-    while offset < total:
-        raw.seek(offset)
-        header = raw.read(_AR_HEADER)
-        if len(header) != _AR_HEADER or header[58:60] != b"`\n":
-            raise ArchiveError(f"{where}: truncated or corrupt ar header at byte {offset}")
-        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-        try:
-            size = int(header[48:58].decode("ascii").strip())
-        except ValueError as error:
-            raise ArchiveError(f"{where}: member {name!r}: bad size field {header[48:58]!r}") from error
-        start = offset + _AR_HEADER
-        if size < 0 or start + size > total:
-            raise ArchiveError(f"{where}: member {name!r} claims {size} bytes, only {total - start} remain")
-        _enter(shown, budget, len(found) + 1, f" (its ar header at byte {offset})")
-        if name in found:  # by name, one of the two would go unread: dpkg-deb takes the first data.tar
-            raise ArchiveError(
-                f"{where}: two members named {name!r} (their ar headers at bytes "
-                f"{found[name][0] - _AR_HEADER} and {offset}); refused, since which one an unpacker reads "
-                "is not the scan's to choose"
-            )
-        found[name] = (start, size)
-        offset = start + size + (size & 1)
-    return found
+        raise ArchiveError(f"{where}: {error}") from error
 
 
 class _Window(io.RawIOBase):

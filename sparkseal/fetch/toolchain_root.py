@@ -12,7 +12,8 @@ once the locked .debs are fetched and verified. The result is a function of the 
   libisl, … but always the host's own C library and dynamic loader, which must come as a pair;
 - ``packages.json``: name, version, architecture and sha256 of every .deb, for provenance.
 
-Standard library and ``sparkseal.core`` only: the host's ``python3`` (any version from 3.9) runs it.
+Standard library, ``sparkseal.core`` and the data members both unpackers read
+(``sparkseal.install.debian_rootfs``) only: the host's ``python3`` (any version from 3.9) runs it.
 """
 
 from __future__ import annotations
@@ -26,39 +27,19 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
+from sparkseal.core.deb import DROP_POLICIES, DebError, read_members
 from sparkseal.core.determinism import EXEC_MODE, FILE_MODE
-from sparkseal.core.paths import UnsafePath, check_relative
-from sparkseal.install.debian_rootfs import (
-    DebError,
-    check_against_lock,
-    check_link_target,
-    read_ar,
-    read_control,
-    tar_member,
-)
+from sparkseal.install.debian_rootfs import check_against_lock, check_link_target, data_members, read_control
 
-# What no tool reads: skipping it keeps the repository (and the action inputs) small.
-DROPPED = (
-    "usr/share/doc",
-    "usr/share/man",
-    "usr/share/info",
-    "usr/share/locale",
-    "usr/share/lintian",
-    "usr/share/bug",
-    "usr/share/gdb",
-    "usr/share/bash-completion",
-)
+# What no tool reads (documentation, manuals, translations, ...): skipping it keeps the repository (and the
+# action inputs) small.
+DROPPED = DROP_POLICIES["toolchain"]
 # Directories whose shared libraries go into lib/ (per multiarch triplet).
 LIBRARY_DIRS = ("lib/{triplet}", "usr/lib/{triplet}")
 
 
 class ToolchainError(Exception):
     """A .deb is not the locked one, is unsafe to unpack, or two packages disagree about a path."""
-
-
-def _dropped(rel: PurePosixPath) -> bool:
-    text = rel.as_posix()
-    return any(text == d or text.startswith(d + "/") for d in DROPPED)
 
 
 def _relative_target(path: PurePosixPath, target: str) -> str:
@@ -77,34 +58,21 @@ class Unpacker:
         self.links: dict[PurePosixPath, str] = {}
 
     def add(self, deb: Path, package: str, members: dict[str, bytes]) -> None:
-        """Unpack the ``data.tar`` of ``deb`` (of ``package``)."""
-        with tar_member(members, "data.tar", str(deb)) as data:
-            for member in data:
-                where = f"{deb}: member {member.name!r}"
-                if member.name in (".", "./", "/"):
-                    continue
-                try:
-                    rel = check_relative(member.name, where)
-                except UnsafePath as exc:
-                    raise ToolchainError(str(exc)) from exc
-                if _dropped(rel) or member.isdir():
-                    continue
-                if member.issym():
-                    check_link_target(rel, member.linkname, where)
-                    self._claim(rel, package, "link:" + member.linkname, where)
-                    self.links[rel] = _relative_target(rel, member.linkname)
-                elif member.isfile() or member.islnk():
-                    source = data.extractfile(member)
-                    if source is None:
-                        raise ToolchainError(f"{where}: cannot read the hard link target {member.linkname!r}")
-                    content = source.read()
-                    if self._claim(rel, package, hashlib.sha256(content).hexdigest(), where):
-                        target = self.root.joinpath(*rel.parts)
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_bytes(content)
-                        target.chmod(EXEC_MODE if member.mode & 0o111 else FILE_MODE)
-                else:
-                    raise ToolchainError(f"{where}: only directories, regular files and symlinks are allowed")
+        """Unpack the ``data.tar`` of ``deb`` (of ``package``): its files and links (a folder comes with
+        what it holds; an empty one no tool needs)."""
+        for member in data_members(deb, members, DROPPED):
+            rel, info, where = member.path, member.info, member.where
+            if info.issym():
+                check_link_target(rel, info.linkname, where)
+                self._claim(rel, package, "link:" + info.linkname, where)
+                self.links[rel] = _relative_target(rel, info.linkname)
+            elif member.content is not None:  # a file or a hard link, not a folder
+                digest = hashlib.sha256(member.content).hexdigest()
+                if self._claim(rel, package, digest, where):
+                    target = self.root.joinpath(*rel.parts)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(member.content)
+                    target.chmod(EXEC_MODE if info.mode & 0o111 else FILE_MODE)
 
     def _claim(self, rel: PurePosixPath, package: str, what: str, where: str) -> bool:
         """Record ``rel``; False when another package already wrote the same thing there."""
@@ -164,8 +132,7 @@ def unpack(
     packages = []
     for deb in sorted(debs, key=lambda d: d.name):
         entry = entries[deb.name]
-        data = deb.read_bytes()
-        members = read_ar(data, str(deb))
+        members = read_members(deb)
         package = read_control(deb, members).name
         if package != entry["package"]:
             raise ToolchainError(f"{deb}: expected package {entry['package']} ({lock}), got {package}")

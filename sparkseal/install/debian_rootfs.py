@@ -22,19 +22,18 @@ and ``info/*.list``/``*.md5sums``) that image scanners and SBOM tools read, and 
 
 from __future__ import annotations
 
-import bz2
-import fnmatch
-import gzip
 import hashlib
 import io
 import json
-import lzma
 import os
 import tarfile
-import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from sparkseal.core.archives import ArchiveError, open_tar
+from sparkseal.core.deb import DROP_POLICIES, DebError, DropPolicy, inflated, read_members
 from sparkseal.core.determinism import DIR_MODE, FILE_MODE, GID, STICKY_DIR_MODE, UID
 from sparkseal.core.digests import sha256_file
 from sparkseal.core.paths import UnsafePath, check_relative
@@ -53,32 +52,6 @@ RUNTIME_USER = "vllm"
 RUNTIME_UID = 1000
 RUNTIME_GID = 1000
 NOBODY_UID = 65534
-
-# Named path filters (fnmatch over root-relative paths; ``*`` spans ``/``): (drop, keep anyway).
-# "slim" drops what Debian's own slim container images drop, keeping every copyright file.
-EXCLUDE_PROFILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "none": ((), ()),
-    "slim": (
-        (
-            "usr/share/doc/*",
-            "usr/share/groff/*",
-            "usr/share/info/*",
-            "usr/share/linda/*",
-            "usr/share/lintian/*",
-            "usr/share/locale/*",
-            "usr/share/man/*",
-        ),
-        ("usr/share/doc/*/copyright",),
-    ),
-}
-
-_AR_MAGIC = b"!<arch>\n"
-_AR_HEADER = 60
-_DECOMPRESS = {"": bytes, ".gz": gzip.decompress, ".xz": lzma.decompress, ".bz2": bz2.decompress}
-
-
-class DebError(Exception):
-    """A .deb is malformed, unsafe, clashes with another, or is not the locked one."""
 
 
 @dataclass
@@ -112,42 +85,59 @@ class _Package:
         return self.name
 
 
-def read_ar(data: bytes, where: str) -> dict[str, bytes]:
-    """Return the members of a Unix ``ar`` archive (the container format of a .deb)."""
-    if not data.startswith(_AR_MAGIC):
-        raise DebError(f"{where}: expected an ar archive starting with {_AR_MAGIC!r}, got {data[:8]!r}")
-    members: dict[str, bytes] = {}
-    offset = len(_AR_MAGIC)
-    while offset < len(data):
-        header = data[offset : offset + _AR_HEADER]
-        if len(header) != _AR_HEADER or header[58:60] != b"`\n":
-            raise DebError(f"{where}: truncated or corrupt ar header at byte {offset}")
-        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-        try:
-            size = int(header[48:58].decode("ascii").strip())
-        except ValueError as exc:
-            raise DebError(f"{where}: member {name!r}: bad size field {header[48:58]!r}") from exc
-        start = offset + _AR_HEADER
-        if start + size > len(data):
-            raise DebError(f"{where}: member {name!r} claims {size} bytes, only {len(data) - start} remain")
-        members[name] = data[start : start + size]
-        offset = start + size + (size & 1)
-    return members
-
-
-def tar_member(members: dict[str, bytes], stem: str, where: str) -> tarfile.TarFile:
-    """The one ``STEM.tar[.gz|.xz|.bz2]`` member of a .deb, opened; a .deb may compress either way."""
-    names = [n for n in members if n == stem or n.startswith(stem + ".")]
-    if len(names) != 1:
-        raise DebError(f"{where}: expected one {stem}.* member, found {names or 'none'} in {sorted(members)}")
-    suffix = names[0][len(stem) :]
-    if suffix not in _DECOMPRESS:
-        supported = ", ".join(f"{stem}{s}" for s in _DECOMPRESS)
-        raise DebError(f"{where}: {names[0]} is not supported (expected one of {supported})")
+@contextmanager
+def member_tar(members: dict[str, bytes], stem: str, where: str) -> Iterator[tarfile.TarFile]:
+    """The one ``STEM.tar[.gz|.bz2|.xz]`` member of a .deb (``sparkseal.core.deb``), opened with the bounded
+    tar reader every untrusted tar goes through; what it refuses, then or while read, is a DebError."""
+    name, tar = inflated(members, stem, where)
+    shown = f"{where}: {name}"
     try:
-        return tarfile.open(fileobj=io.BytesIO(_DECOMPRESS[suffix](members[names[0]])), mode="r:")
-    except (tarfile.TarError, lzma.LZMAError, OSError, EOFError, zlib.error) as exc:
-        raise DebError(f"{where}: {names[0]}: cannot read: {exc}") from exc
+        with open_tar(shown, io.BytesIO(tar), mode="r:") as opened:
+            yield opened
+    except ArchiveError as exc:
+        raise DebError(str(exc)) from exc
+    except tarfile.TarError as exc:
+        raise DebError(f"{shown}: cannot read: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class DataMember:
+    """A member of a package's data tar that an unpacker keeps: its checked path, its header, the place
+    messages name, and (of a regular file or a hard link) its bytes."""
+
+    path: PurePosixPath
+    info: tarfile.TarInfo
+    where: str
+    content: bytes | None = None
+
+
+def data_members(deb: Path, members: dict[str, bytes], policy: DropPolicy) -> Iterator[DataMember]:
+    """The members of the data tar of ``deb`` (its ``ar`` ``members``) that ``policy`` keeps, in tar order.
+
+    Both unpackers (this root and ``sparkseal.fetch.toolchain_root``) read a package here: a path that is
+    absolute or climbs out with ``..`` is refused, and so is a member that is no directory, regular file,
+    hard link or symlink (a device, a FIFO); a hard link's bytes are its target's.
+    """
+    with member_tar(members, "data", str(deb)) as data:
+        for info in data:
+            where = f"{deb}: member {info.name!r}"
+            if info.name in (".", "./", "/"):
+                continue
+            try:
+                rel = check_relative(info.name, where)
+            except UnsafePath as exc:
+                raise DebError(str(exc)) from exc
+            if policy.drops(rel):
+                continue
+            if info.isdir() or info.issym():
+                yield DataMember(rel, info, where)
+            elif info.isfile() or info.islnk():
+                source = data.extractfile(info)
+                if source is None:
+                    raise DebError(f"{where}: cannot read the hard link target {info.linkname!r}")
+                yield DataMember(rel, info, where, source.read())
+            else:
+                raise DebError(f"{where}: only directories, regular files and symlinks are allowed")
 
 
 def _control_fields(text: str) -> dict[str, str]:
@@ -164,7 +154,7 @@ def read_control(deb: Path, members: dict[str, bytes]) -> _Package:
     version = members.get("debian-binary", b"").strip()
     if version != b"2.0":
         raise DebError(f"{deb}: debian-binary: expected b'2.0', got {version!r}")
-    with tar_member(members, "control.tar", str(deb)) as control:
+    with member_tar(members, "control", str(deb)) as control:
         files = {}
         for member in control:
             name = member.name.removeprefix("./")
@@ -207,16 +197,9 @@ class RootfsBuilder:
 
     def __init__(self, out: Path, exclude: str) -> None:
         self.out = out
-        self.drop, self.keep = EXCLUDE_PROFILES[exclude]
+        self.policy = DROP_POLICIES[exclude]
         self.entries: dict[PurePosixPath, _Entry] = {}
         self.packages: list[_Package] = []
-
-    def excluded(self, path: PurePosixPath) -> bool:
-        """Whether the exclusion profile drops ``path``."""
-        text = str(path)
-        if not any(fnmatch.fnmatchcase(text, p) for p in self.drop):
-            return False
-        return not any(fnmatch.fnmatchcase(text, p) for p in self.keep)
 
     def _claim(self, path: PurePosixPath, entry: _Entry, where: str) -> bool:
         """Record ``entry`` at ``path``; return False when an identical entry is already there."""
@@ -236,47 +219,33 @@ class RootfsBuilder:
 
     def add_package(self, pkg: _Package, members: dict[str, bytes]) -> None:
         """Unpack the ``data.tar`` of ``pkg``."""
-        with tar_member(members, "data.tar", str(pkg.deb)) as data:
-            for member in data:
-                self._add_member(pkg, data, member)
+        for member in data_members(pkg.deb, members, self.policy):
+            self._add_member(pkg, member)
         self.packages.append(pkg)
 
-    def _add_member(self, pkg: _Package, data: tarfile.TarFile, member: tarfile.TarInfo) -> None:
-        where = f"{pkg.deb}: member {member.name!r}"
-        if member.name in (".", "./", "/"):
-            return
-        try:
-            rel = check_relative(member.name, where)
-        except UnsafePath as exc:
-            raise DebError(str(exc)) from exc
+    def _add_member(self, pkg: _Package, member: DataMember) -> None:
+        rel, info, where = member.path, member.info, member.where
         path = canonical(rel)
         if len(rel.parts) == 1 and rel.parts[0] in MERGED_USR:
-            if not member.isdir():
+            if not info.isdir():
                 raise DebError(f"{where}: /{rel} must be a directory (it is a link into /usr here)")
             return
-        if self.excluded(path):
-            return
         pkg.listed.append(f"/{rel}")
-        if member.isdir():
-            mode = STICKY_DIR_MODE if member.mode & 0o1000 else DIR_MODE
+        if info.isdir():
+            mode = STICKY_DIR_MODE if info.mode & 0o1000 else DIR_MODE
             self._claim(path, _Entry("dir", pkg.name, mode=mode), where)
-        elif member.issym():
-            check_link_target(path, member.linkname, where)
-            self._claim(path, _Entry("link", pkg.name, target=member.linkname), where)
-        elif member.isfile() or member.islnk():
-            if member.mode & 0o7000:
-                raise DebError(
-                    f"{where}: mode {member.mode:o} has setuid, setgid or sticky bits (not supported)"
-                )
-            source = data.extractfile(member)
-            if source is None:
-                raise DebError(f"{where}: cannot read the hard link target {member.linkname!r}")
-            content = source.read()
-            entry = _Entry("file", pkg.name, digest=hashlib.sha256(content).hexdigest())
-            if self._claim(path, entry, where):
-                self._write(path, content, normalised_mode(member.mode))
+        elif info.issym():
+            check_link_target(path, info.linkname, where)
+            self._claim(path, _Entry("link", pkg.name, target=info.linkname), where)
         else:
-            raise DebError(f"{where}: only directories, regular files and symlinks are allowed")
+            if info.mode & 0o7000:
+                raise DebError(
+                    f"{where}: mode {info.mode:o} has setuid, setgid or sticky bits (not supported)"
+                )
+            assert member.content is not None  # a regular file or a hard link
+            entry = _Entry("file", pkg.name, digest=hashlib.sha256(member.content).hexdigest())
+            if self._claim(path, entry, where):
+                self._write(path, member.content, normalised_mode(info.mode))
 
     def _write(self, path: PurePosixPath, content: bytes, mode: int) -> None:
         target = self.out.joinpath(*path.parts)
@@ -445,7 +414,7 @@ def build_rootfs(
     builder = RootfsBuilder(out, exclude)
     loaded = []
     for deb in debs:
-        members = read_ar(deb.read_bytes(), str(deb))
+        members = read_members(deb)
         pkg = read_control(deb, members)
         locked = entries[deb.name]
         for key, field_name in (

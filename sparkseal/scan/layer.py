@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sparkseal.core.layer_plan import FILE, Entry, LayerError
-from sparkseal.core.secret_rules import apply_allowlist
 from sparkseal.scan.catalogue import Catalogue
 from sparkseal.scan.scanner import load_allowlist, scan_files
+from sparkseal.scan.secret_rules import apply_allowlist
 
 
 def scan_entries(

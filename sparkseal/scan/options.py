@@ -32,8 +32,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         MAX_SCAN_MEMBERS,
         OUTSIDE,
     )
-    from sparkseal.core.secret_rules import RULES
     from sparkseal.scan.scanner import DEFAULT_ALLOW
+    from sparkseal.scan.secret_rules import RULES
 
     scan = commands.add_parser(
         "scan",

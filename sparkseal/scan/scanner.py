@@ -3,7 +3,7 @@
 Two rule sets run over each file's bytes (text and binary alike: build paths and keys leak into shared
 objects too). Vendor secrets (tokens, keys, private keys, JWTs) are the maintained catalogue's
 (``sparkseal.scan.catalogue``: Kingfisher, from a hash-locked package), so no token format is kept by
-hand here. Our own rules (``sparkseal.core.secret_rules``) cover what no catalogue knows: private data
+hand here. Our own rules (``sparkseal.scan.secret_rules``) cover what no catalogue knows: private data
 (private addresses, people's home directories), password and generic key assignments, and key files by
 name. Each finding is reported as ``path:line:rule: <redacted match>``; the secret itself is never
 printed. This module walks what is scanned (the checkout as git lists it, paths, layers, images), hands
@@ -77,7 +77,8 @@ from sparkseal.core.archives import (
     outside_members,
 )
 from sparkseal.core.oci import LayoutError, blob_path, layer_tar
-from sparkseal.core.secret_rules import (
+from sparkseal.scan.catalogue import Catalogue, CatalogueError
+from sparkseal.scan.secret_rules import (
     CHUNK,
     RULES,
     AllowEntry,
@@ -86,7 +87,6 @@ from sparkseal.core.secret_rules import (
     apply_allowlist_to,
     scan_stream,
 )
-from sparkseal.scan.catalogue import Catalogue, CatalogueError
 
 DEFAULT_ALLOW = Path(".sparkseal-scan-allow.json")
 SKIP_DIRS = {".git"}

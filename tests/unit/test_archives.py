@@ -25,6 +25,7 @@ import zstandard
 from sparkseal.core import archives
 from sparkseal.scan import scanner as scan
 from sparkseal.scan.catalogue import Catalogue
+from tests.fixtures_debian import ar_archive
 from tests.secret_samples import families
 from tests.unit.test_scan import HOME, RULES_NOTE, _cli, _oci_layout
 
@@ -59,19 +60,11 @@ def _zip(files: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
     return raw.getvalue()
 
 
-def _ar(members: list[tuple[str, bytes]]) -> bytes:
-    out = b"!<arch>\n"
-    for name, data in members:
-        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{0o100644:<8o}{len(data):<10}`\n".encode()
-        out += data + (b"\n" if len(data) % 2 else b"")
-    return out
-
-
 def _deb(files: dict[str, bytes]) -> bytes:
     """A .deb as dpkg-deb writes one: debian-binary, control.tar.gz, data.tar.xz."""
     control = gzip.compress(_tar({"./control": b"Package: tool\nVersion: 1.0\nArchitecture: arm64\n"}))
     data = lzma.compress(_tar(files))
-    return _ar([("debian-binary", b"2.0\n"), ("control.tar.gz", control), ("data.tar.xz", data)])
+    return ar_archive([("debian-binary", b"2.0\n"), ("control.tar.gz", control), ("data.tar.xz", data)])
 
 
 def _scan(*paths: Path) -> scan.Report:
@@ -208,7 +201,7 @@ def _corrupt(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
         ),
         "not-gzip.tgz": (b"plain text", "expected a gzip-compressed tar archive, cannot read it: "),
         "no-data.deb": (
-            _ar([("debian-binary", b"2.0\n")]),
+            ar_archive([("debian-binary", b"2.0\n")]),
             "expected a Debian package (an ar archive with a data.tar member), cannot read it: expected "
             "one member of data.tar, data.tar.gz, data.tar.bz2, data.tar.xz, data.tar.zst, found none "
             "among ['debian-binary']",
@@ -217,8 +210,20 @@ def _corrupt(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
             b"PK\x03\x04",
             "expected a Debian package (an ar archive with a data.tar member), cannot read it: ",
         ),
+        # A size is decimal digits, space-padded, as dpkg-deb reads it: no sign, no leading space.
+        "signed-size.deb": (
+            ar_archive([("debian-binary", b"2.0\n")]).replace(b"4         `", b"+4        `"),
+            "expected a Debian package (an ar archive with a data.tar member), cannot read it: member "
+            "'debian-binary': bad size field b'+4        '",
+        ),
+        "compressed-oddly.deb": (
+            ar_archive([("debian-binary", b"2.0\n"), ("data.tar.lz4", b"")]),
+            "expected a Debian package (an ar archive with a data.tar member), cannot read it: "
+            "data.tar.lz4 is not supported (expected one of data.tar, data.tar.gz, data.tar.bz2, "
+            "data.tar.xz, data.tar.zst)",
+        ),
         "bad-data.deb": (
-            _ar([("debian-binary", b"2.0\n"), ("data.tar.xz", b"not xz at all")]),
+            ar_archive([("debian-binary", b"2.0\n"), ("data.tar.xz", b"not xz at all")]),
             "expected a Debian package whose data.tar.xz is an xz-compressed tar archive, cannot read it: ",
         ),
     }
@@ -589,7 +594,7 @@ def test_a_debs_control_member_is_scanned_too(tmp_path: Path) -> None:
     data = lzma.compress(_tar({"./usr/bin/tool": b"x"}))
     deb = tmp_path / "tool_1.0_arm64.deb"
     deb.write_bytes(
-        _ar(
+        ar_archive(
             [
                 ("debian-binary", b"2.0\n"),
                 ("control.tar.gz", control),
@@ -1065,15 +1070,15 @@ def test_a_deb_with_two_members_of_one_name_is_refused(tmp_path: Path) -> None:
     clean = lzma.compress(_tar({"./usr/bin/tool": b"x"}))
     members = [("debian-binary", b"2.0\n"), ("control.tar.gz", control), ("data.tar.xz", hidden)]
     deb = tmp_path / "tool_1.0_arm64.deb"
-    deb.write_bytes(_ar([*members, ("data.tar.xz", clean)]))
-    second = len(_ar(members))
+    deb.write_bytes(ar_archive([*members, ("data.tar.xz", clean)]))
+    second = len(ar_archive(members))
     first = second - _AR_HEADER_BYTES - len(hidden) - len(hidden) % 2
     with pytest.raises(scan.ScanInputError) as caught:
         _scan(deb)
     assert str(caught.value) == (
         f"{deb}: expected a Debian package (an ar archive with a data.tar member), cannot read it: two "
         f"members named 'data.tar.xz' (their ar headers at bytes {first} and {second}); refused, since "
-        "which one an unpacker reads is not the scan's to choose"
+        "which one an unpacker reads is not ours to choose"
     )
 
 
@@ -1247,7 +1252,7 @@ def test_a_token_in_a_tars_headers_is_found_by_both_rule_sets(tmp_path: Path) ->
         "plain.tar": (_pax_comment_tar(comment), bytes),
         "tool_1.0_arm64.deb": (
             _pax_comment_tar(comment),
-            lambda tar: _ar([("debian-binary", b"2.0\n"), ("data.tar.xz", lzma.compress(tar))]),
+            lambda tar: ar_archive([("debian-binary", b"2.0\n"), ("data.tar.xz", lzma.compress(tar))]),
         ),
     }
     expected, paths = [], []

@@ -15,11 +15,12 @@ import pytest
 
 from sparkseal.actions import oci_layer
 from sparkseal.actions.debian_rootfs import main
+from sparkseal.core.deb import DebError
 from sparkseal.fetch.debian_archive import locked_urls
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
 from sparkseal.fetch.lock_debian import read_lock
-from sparkseal.install.debian_rootfs import RUNTIME_UID, RUNTIME_USER, DebError, build_rootfs
+from sparkseal.install.debian_rootfs import RUNTIME_UID, RUNTIME_USER, build_rootfs
 from tests.bazel_util import REPO
 from tests.bytecode_probe import PROBE
 from tests.fixtures_debian import (
@@ -74,6 +75,17 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
                 "usr/share/doc/tool/README": b"read me\n",
                 "usr/share/doc/tool/copyright": b"MIT\n",
                 "usr/share/man/man1/tool.1.gz": b"man",
+                # One file below each folder a drop policy names, and look-alikes it keeps.
+                "usr/share/doc/tool/examples/copyright": b"MIT too\n",
+                "usr/share/doc-base/tool": b"Document: tool\n",
+                "usr/share/groff/site-tmac/tool.tmac": b"groff",
+                "usr/share/info/tool.info.gz": b"info",
+                "usr/share/linda/overrides/tool": b"linda",
+                "usr/share/lintian/overrides/tool": b"tool: lintian\n",
+                "usr/share/locale/de/LC_MESSAGES/tool.mo": b"mo",
+                "usr/share/bug/tool/control": b"bug",
+                "usr/share/gdb/auto-load/tool-gdb.py": b"gdb",
+                "usr/share/bash-completion/completions/tool": b"complete",
             },
             scripts={"preinst": script, "postinst": script},
         ),
@@ -106,6 +118,26 @@ def _build(debs: list[Path], tmp: Path, exclude: str = "slim", lock: dict[str, o
     out = tmp / "rootfs"
     build_rootfs(debs, lock_path, out, tmp / "links.json", tmp / "dirs.json", exclude)
     return out
+
+
+def _outputs_digest(tmp: Path) -> str:
+    """One sha256 over the three outputs of a build in ``tmp``: every file of the tree with its mode, and
+    the links and dirs specs byte for byte (not the lock, whose sha256s are dpkg-deb's compressed bytes)."""
+    digest = hashlib.sha256()
+    root = tmp / "rootfs"
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            content = hashlib.sha256(path.read_bytes()).hexdigest()
+            digest.update(f"{path.relative_to(root).as_posix()} {path.stat().st_mode:o} {content}\n".encode())
+    for spec in ("links.json", "dirs.json"):
+        digest.update((tmp / spec).read_bytes())
+    return digest.hexdigest()
+
+
+# The outputs of the fixture packages, recorded before the .deb reading and the drop policies moved to
+# sparkseal.core.deb: an unpacker that changes a byte of the tree, a mode, a link or a directory fails.
+SLIM_DIGEST = "d661d5cce3ad607828bd21edb3f64cb406030ffcf401d7a4f270d09a69ffd908"
+NONE_DIGEST = "ed60e1964d293554d9322d8434ba6403b0954d6eb2d42c3721c15b60ddfb781a"
 
 
 def _digest_tree(tmp: Path) -> dict[str, str]:
@@ -162,9 +194,17 @@ def test_slim_profile_keeps_copyright_only_and_none_keeps_all(debs: list[Path], 
     assert "/usr/share/doc/tool/copyright" in listing
     assert "/usr/share/doc/tool/README" not in listing
 
+    assert (slim / "usr/share/doc/tool/examples/copyright").read_bytes() == b"MIT too\n"
+    for kept in ("doc-base/tool", "bug/tool/control", "gdb/auto-load/tool-gdb.py"):
+        assert (slim / "usr/share" / kept).exists(), kept
+    for dropped in ("groff", "info", "linda", "lintian", "locale"):
+        assert not (slim / "usr/share" / dropped).exists(), dropped
+    assert _outputs_digest(tmp_path / "slim") == SLIM_DIGEST
+
     full = _build(debs, tmp_path / "none", exclude="none")
     assert (full / "usr/share/doc/tool/README").read_bytes() == b"read me\n"
     assert (full / "usr/share/man/man1/tool.1.gz").read_bytes() == b"man"
+    assert _outputs_digest(tmp_path / "none") == NONE_DIGEST
 
 
 def test_accounts_dpkg_database_and_ca_bundle(debs: list[Path], tmp_path: Path) -> None:
@@ -299,9 +339,8 @@ def test_zstd_data_member_is_refused(debs: list[Path], tmp_path: Path) -> None:
     )
     with pytest.raises(DebError) as info:
         _build([*debs, zst], tmp_path)
-    assert f"{zst}: data.tar.zst is not supported (expected one of data.tar, data.tar.gz, data.tar.xz" in str(
-        info.value
-    )
+    supported = "data.tar, data.tar.gz, data.tar.bz2, data.tar.xz"
+    assert f"{zst}: data.tar.zst is not supported (expected one of {supported})" in str(info.value)
 
 
 def test_debs_must_be_exactly_the_locked_ones(debs: list[Path], tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.core import secret_rules
 from sparkseal.scan import scanner as scan
+from sparkseal.scan import secret_rules
 from sparkseal.scan.catalogue import Catalogue
 
 REPO = Path(__file__).resolve().parents[2]

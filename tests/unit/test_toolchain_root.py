@@ -53,6 +53,16 @@ def _debs(tmp_path: Path) -> list[Path]:
                 "usr/bin/tool": Link("/usr/bin/tool-1"),
                 "usr/bin/dangling": Link("/usr/lib/nothing-ships-this"),
                 "usr/bin/chained": Link("dangling"),
+                # One file below each folder the toolchain's drop policy names, and look-alikes it keeps.
+                "usr/share/man/man1/tool.1.gz": b"man",
+                "usr/share/info/tool.info.gz": b"info",
+                "usr/share/locale/de/LC_MESSAGES/tool.mo": b"mo",
+                "usr/share/lintian/overrides/tool": b"tool: lintian\n",
+                "usr/share/bug/tool/control": b"bug",
+                "usr/share/gdb/auto-load/tool-gdb.py": b"gdb",
+                "usr/share/bash-completion/completions/tool": b"complete",
+                "usr/share/doc-base/tool": b"Document: tool\n",
+                "usr/share/groff/site-tmac/tool.tmac": b"groff",
             },
         ),
     ]
@@ -63,6 +73,28 @@ def _unpack(tmp_path: Path, debs: list[Path], *extra: str) -> tuple[int, Path]:
     out = tmp_path / "out"
     args = ["--lock", str(lock), "--out", str(out), "--triplet", TRIPLET, *extra, *map(str, debs)]
     return toolchain_root(args), out
+
+
+def _outputs_digest(out: Path) -> str:
+    """One sha256 over what the unpacker wrote: every file with its mode, every link with its target, and
+    ``packages.json`` without the sha256s (dpkg-deb's compressed bytes, not the unpacker's doing)."""
+    digest = hashlib.sha256()
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out).as_posix()
+        if rel == "packages.json":
+            packages = [{k: v for k, v in p.items() if k != "sha256"} for p in json.loads(path.read_text())]
+            digest.update(f"{rel} {json.dumps(packages, sort_keys=True)}\n".encode())
+        elif path.is_symlink():
+            digest.update(f"{rel} -> {path.readlink()}\n".encode())
+        elif path.is_file():
+            content = hashlib.sha256(path.read_bytes()).hexdigest()
+            digest.update(f"{rel} {path.stat().st_mode:o} {content}\n".encode())
+    return digest.hexdigest()
+
+
+# The fixture's root, recorded before the .deb reading and the drop policies moved to sparkseal.core.deb:
+# an unpacker that changes a byte, a mode or a link fails.
+ROOT_DIGEST = "67be3117307e2118f5d2e0eb3f8296463ce2672a2011eaadeef3eb23c264a85b"
 
 
 def test_root_is_the_debs_with_relative_links_and_no_host_libc_on_the_library_path(tmp_path: Path) -> None:
@@ -76,6 +108,10 @@ def test_root_is_the_debs_with_relative_links_and_no_host_libc_on_the_library_pa
     assert not (root / "usr/bin/dangling").is_symlink()
     assert not (root / "usr/bin/chained").is_symlink()
     assert not (root / "usr/share/doc").exists()
+    for kept in ("doc-base/tool", "groff/site-tmac/tool.tmac"):
+        assert (root / "usr/share" / kept).exists(), kept
+    for dropped in ("man", "info", "locale", "lintian", "bug", "gdb", "bash-completion"):
+        assert not (root / "usr/share" / dropped).exists(), dropped
     # lib/ holds the locked libraries but never the C library, which comes with the host's loader.
     assert sorted(p.name for p in (out / "lib").iterdir()) == ["libz.so.1", "libz.so.1.2.13"]
     assert (out / "lib/libz.so.1").read_bytes() == b"zlib"
@@ -85,6 +121,7 @@ def test_root_is_the_debs_with_relative_links_and_no_host_libc_on_the_library_pa
         ("tool", "1.0"),
         ("zlib1g", "1:1.2.13"),
     ]
+    assert _outputs_digest(out) == ROOT_DIGEST
 
 
 def test_skipped_package_is_listed_but_not_unpacked(tmp_path: Path) -> None:

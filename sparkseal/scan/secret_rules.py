@@ -14,8 +14,8 @@ needs four octets that are not part of a longer dotted number or a CIDR range an
 
 The allow-list's matching lives here too (reading it, which checks rule ids against the catalogue's, is
 ``sparkseal.scan.scanner``'s): an entry that names a module's source also covers its bytecode. Pure: bytes
-and names in, findings out; the scanner that walks files, layers and images and runs the catalogue
-(``sparkseal.scan.scanner``) sits above.
+and names in, findings out, no process started; it lives beside the scanner that walks files, layers and
+images and runs the catalogue (``sparkseal.scan.scanner``), since the scan is all that reads it.
 """
 
 from __future__ import annotations
