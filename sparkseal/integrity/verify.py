@@ -1,37 +1,57 @@
-"""Hash the installed files of named modules and compare them with the image's module manifest.
+"""Hash the installed files of a site-packages directory and compare them with the image's module manifest.
 
-A module's files are found without importing it: ``importlib`` locates the top-level package (``find_spec``
-of a top-level name runs none of its code), the directory holding it is its site-packages directory, and
-the ``*.dist-info/RECORD`` files there say which distribution owns it and which files that distribution
-has. Every file its RECORD names is hashed, and so is every file under the distribution's top-level
-directories that no RECORD names: a file dropped beside the module would be imported too. Bytecode caches
-(``__pycache__``) count as such files: Python loads them instead of the source, so an image that is
-verified runs with ``PYTHONDONTWRITEBYTECODE=1`` (or a read-only venv) and ships none.
+What is checked by default (``verify_site``): every distribution of the site-packages directory, as the
+manifest describes it (``sparkseal.core.manifest``). For each ``*.dist-info`` there and each distribution the
+manifest lists:
 
-Keys are the manifest's: paths relative to site-packages (see ``sparkseal.core.manifest``).
+* every file its RECORD names, in site-packages or outside it (console scripts in ``bin/``): missing,
+  changed and extra files are findings;
+* a distribution the manifest lists but no ``*.dist-info`` installs is a finding, and so is a
+  ``*.dist-info`` the manifest does not list, whatever its files: a distribution the image does not have
+  can shadow the image's modules, and its own ``.pth`` files and entry points (vLLM loads every
+  ``vllm.general_plugins`` entry point) run in every process, without a file of the image changing;
+* every file under site-packages that no RECORD names (a ``.pth`` file, a module dropped beside the
+  others, a bytecode cache) is compared with the manifest's ``(unowned)`` bucket, and so are the unowned
+  files outside site-packages that the manifest lists (``pyvenv.cfg``).
+
+Bytecode caches (``__pycache__``) count as files: Python loads them instead of the source, so an image
+that is verified runs with ``PYTHONDONTWRITEBYTECODE=1`` (or a read-only venv) and ships only those the
+manifest lists.
+
+``--modules a,b`` narrows the check to named top-level modules (``verify_module``), located without
+importing them: ``importlib`` finds the package (``find_spec`` of a top-level name runs none of its code),
+the directory holding it is its site-packages directory, and the ``*.dist-info/RECORD`` files there say
+which distribution owns it and which files that distribution has. Every file its RECORD names is hashed,
+and so is every file under the distribution's top-level directories that no RECORD names. Because the
+import system locates the module, this also finds a module imported from outside site-packages.
+
+Files are hashed by several threads (``sha256_files``); results are in a fixed order whatever the number.
+Keys are the manifest's: paths relative to site-packages.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
+from sparkseal.core.digests import sha256_files
 from sparkseal.core.manifest import (
     UNOWNED,
     DistInfo,
     ManifestError,
     owner_map,
     read_dist_infos,
-    sha256_file,
 )
 from sparkseal.core.tree import list_files
 
-DEFAULT_MODULES = ("vllm", "torch", "sparkseal")
+# The name of a result that concerns the whole site-packages directory (it cannot be read).
+SITE_PACKAGES = "site-packages"
 
 
 class VerifyError(Exception):
@@ -120,8 +140,13 @@ def _owner(module: str, root: Path, dists: Iterable[DistInfo]) -> DistInfo:
     return next(d for d in dists if d.directory == owners[0])
 
 
-def installed_module(module: str, search_path: Sequence[str] | None = None) -> InstalledModule:
-    """Locate ``module``, find its distribution and hash its files (RECORD-named and stray ones)."""
+def installed_module(
+    module: str, search_path: Sequence[str] | None = None, jobs: int | None = None
+) -> InstalledModule:
+    """Locate ``module``, find its distribution and hash its files (RECORD-named and stray ones).
+
+    ``jobs``: the threads that hash (``None``: every CPU this process may use; 1: one after another).
+    """
     root = module_root(module, search_path)
     site = root.parent
     try:
@@ -130,7 +155,7 @@ def installed_module(module: str, search_path: Sequence[str] | None = None) -> I
     except ManifestError as error:
         raise VerifyError(f"module {module}: {error}") from error
     dist = _owner(module, root, dists)
-    files = {key: sha256_file(site / key) for key in dist.record if (site / key).is_file()}
+    keys = {key for key in dist.record if (site / key).is_file()}
     top_dirs = frozenset(key.split("/")[0] for key in dist.record if not key.startswith("../"))
     for top in sorted(top_dirs):
         if not (site / top).is_dir():
@@ -139,10 +164,9 @@ def installed_module(module: str, search_path: Sequence[str] | None = None) -> I
             found = list_files(site / top)
         except ValueError as error:
             raise VerifyError(f"module {module}: {error}") from error
-        for rel in found:
-            key = f"{top}/{rel}"
-            if key not in files and owners.get(key, dist) is dist:
-                files[key] = sha256_file(site / key)
+        keys.update(key for rel in found if owners.get(key := f"{top}/{rel}", dist) is dist)
+    ordered = sorted(keys)
+    files = dict(zip(ordered, sha256_files([site / key for key in ordered], jobs), strict=True))
     return InstalledModule(module, dist.key, dist.version, site, top_dirs, files)
 
 
@@ -173,12 +197,16 @@ def compare_files(expected: Mapping[str, str], actual: Mapping[str, str]) -> lis
 
 
 def verify_module(
-    manifest: Mapping[str, Any], manifest_path: Path, module: str, search_path: Sequence[str] | None = None
+    manifest: Mapping[str, Any],
+    manifest_path: Path,
+    module: str,
+    search_path: Sequence[str] | None = None,
+    jobs: int | None = None,
 ) -> ModuleResult:
     """Compare one module's installed files with the manifest."""
     result = ModuleResult(module)
     try:
-        installed = installed_module(module, search_path)
+        installed = installed_module(module, search_path, jobs)
     except VerifyError as error:
         result.problem = str(error)
         return result
@@ -193,6 +221,157 @@ def verify_module(
     else:
         result.findings = compare_files(expected, installed.files)
     return result
+
+
+def default_site_packages() -> Path:
+    """The site-packages directory the check covers by default: the running interpreter's (``purelib``).
+
+    Why this one: the image's entrypoint and the ``vllm serve`` it becomes run one interpreter,
+    ``/opt/venv/bin/python3``, and the vLLM plugin runs inside vLLM's own processes, so this is the
+    directory their imports come from: ``/opt/venv/lib/python3.11/site-packages`` in the image, the one its
+    manifest describes. The directory of the ``sparkseal`` package would name it in the image too, but not
+    where the package runs from a checkout; the manifest's prefix says where the tree was installed, not
+    where it is being looked at (``--site-packages`` checks an unpacked tree). A virtual environment keeps
+    pure and platform modules in one directory; were they two, which one the manifest describes is unknown,
+    so that is an error.
+    """
+    purelib, platlib = (Path(sysconfig.get_path(name)) for name in ("purelib", "platlib"))
+    if purelib != platlib:
+        raise VerifyError(
+            f"expected one site-packages directory for pure and platform modules, found purelib {purelib} "
+            f"and platlib {platlib}; name one with --site-packages"
+        )
+    return purelib
+
+
+@dataclass(frozen=True)
+class InstalledDistribution:
+    """One installed distribution: its ``*.dist-info`` directories (one, unless installed twice), files."""
+
+    key: str  # normalised project name, the manifest's key
+    version: str
+    directories: tuple[str, ...]
+    files: dict[str, str]
+
+
+@dataclass(frozen=True)
+class InstalledSite:
+    """Every distribution of a site-packages directory, and the files no RECORD names, with their sha256."""
+
+    site: Path
+    distributions: dict[str, InstalledDistribution]  # by key, sorted
+    unowned: dict[str, str]
+
+    def file_count(self) -> int:
+        """How many files were hashed."""
+        return len(self.unowned) + sum(len(d.files) for d in self.distributions.values())
+
+
+def unowned_outside(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The files outside site-packages that no RECORD names and the manifest lists (``pyvenv.cfg``).
+
+    The check hashes these where they exist instead of walking the whole virtual environment: ``bin/``
+    also holds the interpreter links a layer adds after the manifest is written.
+    """
+    entry = manifest["distributions"].get(UNOWNED, {})
+    keys = {**entry.get("files", {}), **entry.get("install_files", {})}
+    return tuple(sorted(key for key in keys if key.startswith("../")))
+
+
+def installed_site(site: Path, outside: Iterable[str] = (), jobs: int | None = None) -> InstalledSite:
+    """Hash every file of ``site``, each given to the distribution whose RECORD names it or to none.
+
+    RECORD-named files outside ``site`` (console scripts) are hashed where they exist; so are ``outside``
+    (site-relative keys of unowned files, see ``unowned_outside``). ``jobs`` as for ``sha256_files``.
+    """
+    if not site.is_dir():
+        raise VerifyError(f"site-packages {site}: expected a directory, found none")
+    try:
+        dists = read_dist_infos(site)
+        owners = owner_map(dists, str(site))
+        present = list_files(site)
+    except (ManifestError, ValueError) as error:
+        raise VerifyError(f"site-packages {site}: {error}") from error
+    on_disk = set(present)
+    unowned = [key for key in present if key not in owners]
+    unowned += [key for key in sorted(set(outside)) if key not in owners and (site / key).is_file()]
+    by_key: dict[str, list[DistInfo]] = {}
+    for dist in dists:
+        by_key.setdefault(dist.key, []).append(dist)
+    owned = {
+        key: sorted(
+            {
+                path
+                for dist in group
+                for path in dist.record
+                if path in on_disk or (path.startswith("../") and (site / path).is_file())
+            }
+        )
+        for key, group in by_key.items()
+    }
+    keys = [*unowned, *(path for key in sorted(owned) for path in owned[key])]
+    hashes = dict(zip(keys, sha256_files([site / key for key in keys], jobs), strict=True))
+    distributions = {
+        key: InstalledDistribution(
+            key,
+            by_key[key][0].version,
+            tuple(dist.directory for dist in by_key[key]),
+            {path: hashes[path] for path in owned[key]},
+        )
+        for key in sorted(owned)
+    }
+    return InstalledSite(site, distributions, {key: hashes[key] for key in unowned})
+
+
+def site_results(
+    manifest: Mapping[str, Any], manifest_path: Path, installed: InstalledSite
+) -> list[ModuleResult]:
+    """One result per distribution installed or listed (sorted by name), then one for the unowned files."""
+    listed = {key: entry for key, entry in manifest["distributions"].items() if key != UNOWNED}
+    site = installed.site
+    results = []
+    for key in sorted(listed.keys() | installed.distributions.keys()):
+        entry, found = listed.get(key), installed.distributions.get(key)
+        result = ModuleResult(key, distribution=key, site=str(site))
+        results.append(result)
+        if found is None:
+            result.version = listed[key]["version"]
+            result.problem = (
+                f"distribution {key} {result.version} is in the manifest {manifest_path}, expected a "
+                f"*.dist-info of it in {site}, found none"
+            )
+            continue
+        result.version, result.checked = found.version, len(found.files)
+        if len(found.directories) > 1:
+            result.problem = (
+                f"distribution {key} is installed {len(found.directories)} times in {site}: "
+                f"{', '.join(found.directories)}; expected one *.dist-info"
+            )
+        elif entry is None:
+            result.problem = (
+                f"distribution {key} {found.version} ({site / found.directories[0]}) is not in the manifest "
+                f"{manifest_path}; a distribution the image does not have can shadow the image's modules"
+            )
+        else:
+            result.findings = compare_files({**entry["files"], **entry["install_files"]}, found.files)
+    entry = manifest["distributions"].get(UNOWNED, {})
+    expected = {**entry.get("files", {}), **entry.get("install_files", {})}
+    unowned = ModuleResult(UNOWNED, UNOWNED, None, str(site), len(installed.unowned))
+    unowned.findings = compare_files(expected, installed.unowned)
+    results.append(unowned)
+    return results
+
+
+def verify_site(
+    manifest: Mapping[str, Any], manifest_path: Path, site: Path | None = None, jobs: int | None = None
+) -> list[ModuleResult]:
+    """The default check: every distribution of ``site`` (``None``: ``default_site_packages``)."""
+    try:
+        site = default_site_packages() if site is None else site
+        installed = installed_site(site, unowned_outside(manifest), jobs)
+    except VerifyError as error:
+        return [ModuleResult(SITE_PACKAGES, site=str(site) if site else None, problem=str(error))]
+    return site_results(manifest, manifest_path, installed)
 
 
 def render(results: Sequence[ModuleResult], manifest_path: Path, as_json: bool) -> str:
@@ -210,6 +389,7 @@ def render(results: Sequence[ModuleResult], manifest_path: Path, as_json: bool) 
             lines.append(f"{r.module}: {r.problem}")
             continue
         status = "OK" if r.ok else f"{len(r.findings)} finding(s)"
-        lines.append(f"{r.module}: {r.distribution} {r.version} in {r.site}: {r.checked} files, {status}")
+        what = "files no RECORD names" if r.distribution == UNOWNED else f"{r.distribution} {r.version}"
+        lines.append(f"{r.module}: {what} in {r.site}: {r.checked} files, {status}")
         lines.extend(f"  {f.message()}" for f in r.findings)
     return "\n".join(lines)

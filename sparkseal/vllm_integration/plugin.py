@@ -11,8 +11,10 @@ call time) right after the process groups are made and before the model is loade
 group (with pipeline parallelism, several of them), so one check covers every rank of the deployment. In
 the API and engine-core processes the wrapper is installed but never called.
 
-The check hashes the files of vllm, torch and sparkseal (``sparkseal.integrity.verify``), compares them with
-the image's manifest when the image carries one, and all-gathers a digest of the hashes. When digests
+The check hashes what ``sparkseal verify-modules`` checks by default (``sparkseal.integrity.verify``): every
+distribution of the worker interpreter's site-packages directory and the files there that no RECORD
+names. It compares them with the image's manifest when the image carries one, and all-gathers a digest of
+the hashes. When digests
 differ or any rank found a problem, every rank gathers the full lists, and every rank raises the same
 :class:`RankMismatchError` naming the differing files and ranks: worker start-up fails everywhere instead
 of one rank serving different code. ``VLLM_PLUGINS`` (a vLLM setting) selects which plugins load; the
@@ -37,11 +39,15 @@ from typing import Any
 
 from sparkseal.core.manifest import IMAGE_MANIFEST_PATH, ManifestError, listing_digest, load_manifest
 from sparkseal.integrity.verify import (
-    DEFAULT_MODULES,
+    UNOWNED,
     VerifyError,
     compare_files,
+    default_site_packages,
     expected_files,
     installed_module,
+    installed_site,
+    site_results,
+    unowned_outside,
 )
 
 # A child of vLLM's own logger: vLLM configures only the "vllm" logger tree, so a logger of another name
@@ -70,27 +76,71 @@ class LocalState:
 
 
 def local_state(
-    modules: Sequence[str] = DEFAULT_MODULES,
+    modules: Sequence[str] | None = None,
     search_path: Sequence[str] | None = None,
     manifest_path: Path | None = IMAGE_MANIFEST_PATH,
+    site: Path | None = None,
+    jobs: int | None = None,
 ) -> LocalState:
-    """Hash this process's modules; compare them with the manifest when ``manifest_path`` exists."""
+    """Hash this process's modules; compare them with the manifest when ``manifest_path`` exists.
+
+    ``modules=None``: every distribution of ``site`` (``None``: the interpreter's site-packages) and its
+    files no RECORD names, as ``verify-modules`` checks by default; named modules: those alone, found on
+    ``search_path``.
+    """
+    manifest, manifest_problem = None, None
+    if manifest_path is not None and manifest_path.exists():
+        try:
+            manifest = load_manifest(manifest_path)
+        except ManifestError as error:
+            manifest_problem = str(error)
+    if modules is None:
+        files, problems = _site_state(manifest, manifest_path, site, jobs)
+    else:
+        files, problems = _modules_state(manifest, manifest_path, modules, search_path, jobs)
+    if manifest_problem is not None:
+        problems.append(manifest_problem)
+    return LocalState(files, tuple(problems))
+
+
+def _site_state(
+    manifest: Mapping[str, Any] | None, manifest_path: Path | None, site: Path | None, jobs: int | None
+) -> tuple[dict[str, dict[str, str]], list[str]]:
+    try:
+        site = default_site_packages() if site is None else site
+        installed = installed_site(site, unowned_outside(manifest) if manifest else (), jobs)
+    except VerifyError as error:
+        return {}, [str(error)]
+    files = {key: found.files for key, found in installed.distributions.items()}
+    files[UNOWNED] = installed.unowned
+    problems = []
+    if manifest is not None and manifest_path is not None:
+        for result in site_results(manifest, manifest_path, installed):
+            if result.problem:
+                problems.append(result.problem)
+            problems.extend(f"{finding.message()} (manifest {manifest_path})" for finding in result.findings)
+    return files, problems
+
+
+def _modules_state(
+    manifest: Mapping[str, Any] | None,
+    manifest_path: Path | None,
+    modules: Sequence[str],
+    search_path: Sequence[str] | None,
+    jobs: int | None,
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     files: dict[str, dict[str, str]] = {}
     problems: list[str] = []
     installed = []
     for module in modules:
         try:
-            found = installed_module(module, search_path)
+            found = installed_module(module, search_path, jobs)
         except VerifyError as error:
             problems.append(str(error))
             continue
         installed.append(found)
         files[found.distribution] = found.files
-    if manifest_path is not None and manifest_path.exists():
-        try:
-            manifest = load_manifest(manifest_path)
-        except ManifestError as error:
-            return LocalState(files, (*problems, str(error)))
+    if manifest is not None:
         for found in installed:
             expected = expected_files(manifest, found)
             if expected is None:
@@ -98,7 +148,18 @@ def local_state(
                 continue
             for finding in compare_files(expected, found.files):
                 problems.append(f"{finding.message()} (manifest {manifest_path})")
-    return LocalState(files, tuple(problems))
+    return files, problems
+
+
+def scope(modules: Sequence[str] | None, site: Path | None = None) -> str:
+    """What the check covered, as the rank's log line names it."""
+    if modules is not None:
+        return ", ".join(modules)
+    try:
+        where = default_site_packages() if site is None else site
+    except VerifyError:
+        where = "site-packages"
+    return f"every distribution in {where}"
 
 
 def _differences(ranks: Sequence[int], per_rank: Sequence[Mapping[str, Mapping[str, str]]]) -> list[str]:
@@ -161,11 +222,15 @@ def check_ranks(local: LocalState, group: Any = None) -> str:
 
 def install_hook(
     parallel_state: ModuleType,
-    modules: Sequence[str] = DEFAULT_MODULES,
+    modules: Sequence[str] | None = None,
     search_path: Sequence[str] | None = None,
     manifest_path: Path | None = IMAGE_MANIFEST_PATH,
+    site: Path | None = None,
 ) -> None:
-    """Wrap ``parallel_state.initialize_model_parallel`` so the rank check runs right after it (once)."""
+    """Wrap ``parallel_state.initialize_model_parallel`` so the rank check runs right after it (once).
+
+    ``modules``, ``search_path``, ``site``: what to check, as for :func:`local_state`.
+    """
     original: Callable[..., Any] = parallel_state.initialize_model_parallel
     if getattr(original, _WRAPPED, False):
         return
@@ -173,14 +238,14 @@ def install_hook(
     @functools.wraps(original)
     def initialize_model_parallel(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        state = local_state(modules, search_path, manifest_path)
+        state = local_state(modules, search_path, manifest_path, site)
         world = parallel_state.get_world_group()
         digest = check_ranks(state, world.cpu_group)
         logger.info(
             "sparkseal: rank %d of %d: %s identical on every rank (digest %s)",
             world.rank_in_group,
             world.world_size,
-            ", ".join(modules),
+            scope(modules, site),
             digest,
         )
         return result

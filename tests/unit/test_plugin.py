@@ -21,7 +21,7 @@ import pytest
 from sparkseal.core import manifest as mm
 from sparkseal.live_check.logs import MODULE_CHECK
 from sparkseal.vllm_integration import plugin
-from tests.installed_tree import make_venv
+from tests.installed_tree import install, make_venv
 from tests.servers.loopback import free_port
 
 pytest.importorskip("torch.distributed")
@@ -66,7 +66,8 @@ import torch.distributed as dist
 from sparkseal.vllm_integration import plugin
 
 rank, port, site, out, mode, manifest, backend = sys.argv[1:8]
-modules = ("vllm", "torch", "sparkseal")
+# "all": the default scope, every distribution of the rank's site-packages directory.
+modules = None if sys.argv[8:] == ["all"] else ("vllm", "torch", "sparkseal")
 manifest = Path(manifest) if manifest != "-" else None
 if backend == "nccl":
     import torch
@@ -81,7 +82,8 @@ dist.init_process_group(
 )
 try:
     if mode == "core":
-        result = {"digest": plugin.check_ranks(plugin.local_state(modules, [site], manifest))}
+        where = Path(site) if modules is None else None
+        result = {"digest": plugin.check_ranks(plugin.local_state(modules, [site], manifest, where))}
     else:
         sys.path.insert(0, site)
         import io, logging
@@ -151,6 +153,7 @@ def _run_ranks(
     mode: str,
     manifest: Path | None = None,
     backend: str = "gloo",
+    scope: str = "modules",
 ) -> list[dict]:
     """Start both ranks, wait at most TIMEOUT seconds, return what each wrote."""
     worker = tmp_path / "worker.py"
@@ -169,6 +172,7 @@ def _run_ranks(
                 mode,
                 str(manifest) if manifest else "-",
                 backend,
+                scope,
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -391,3 +395,52 @@ def test_local_state_reports_manifest_problems(tmp_path: Path, trees: tuple[Path
         f"distribution torch is not in the manifest {manifest}",
     )
     assert plugin.local_state(("vllm",), [str(trees[0])], tmp_path / "absent.json").problems == ()
+
+
+def test_the_default_scope_is_every_distribution_and_the_unowned_files(tmp_path: Path) -> None:
+    site = _tree(tmp_path / "image")
+    install(site, "numpy", "2.4.6", {"numpy/__init__.py": b"", "numpy/core.py": b"DOT = 1\n"})
+    (site / "extra.pth").write_bytes(b"import os\n")
+    state = plugin.local_state(None, None, None, site)
+    assert sorted(state.files) == [mm.UNOWNED, "numpy", "sparkseal", "torch", "vllm"]
+    assert sorted(state.files[mm.UNOWNED]) == ["extra.pth"]
+    assert state.files["numpy"]["numpy/core.py"] == _sha(b"DOT = 1\n")
+    assert state.problems == ()
+    assert plugin.local_state(None, None, None, site, jobs=1) == state
+    assert plugin.local_state(None, None, None, site, jobs=4) == state
+    # The line `sparkseal live-check` reads names the scope.
+    line = f"sparkseal: rank 0 of 2: {plugin.scope(None, site)} identical on every rank (digest 0a1b)"
+    match = MODULE_CHECK.search(line)
+    assert match is not None and match["modules"] == f"every distribution in {site}"
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(mm.dumps(mm.tree_manifest(tmp_path / "image", "/opt/venv")))
+    install(site, "shadow", "1.0", {"numpy_shadow.py": b""})
+    (site / "numpy/core.py").write_bytes(b"DOT = 2\n")
+    state = plugin.local_state(None, None, manifest, site)
+    assert state.problems == (
+        f"changed numpy/core.py: expected sha256 {_sha(b'DOT = 1' + bytes([10]))}, actual sha256 "
+        f"{_sha(b'DOT = 2' + bytes([10]))} (manifest {manifest})",
+        f"distribution shadow 1.0 ({site / 'shadow-1.0.dist-info'}) is not in the manifest {manifest}; a "
+        "distribution the image does not have can shadow the image's modules",
+    )
+    absent = tmp_path / "absent"
+    assert plugin.local_state(None, None, None, absent).problems == (
+        f"site-packages {absent}: expected a directory, found none",
+    )
+
+
+def test_default_scope_a_distribution_changed_on_rank_1_stops_both_ranks(
+    tmp_path: Path, trees: tuple[Path, Path]
+) -> None:
+    for site in trees:
+        install(site, "numpy", "2.4.6", {"numpy/__init__.py": b"", "numpy/core.py": b"DOT = 1\n"})
+    results = _run_ranks(tmp_path, trees, "core", scope="all")
+    assert results[0] == results[1] and "digest" in results[0]
+    (trees[1] / "numpy/core.py").write_bytes(b"DOT = 2\n")
+    results = _run_ranks(tmp_path, trees, "core", scope="all")
+    assert results[0] == results[1], "both ranks must raise the same message"
+    assert results[0]["error"].splitlines()[2:] == [
+        f"  numpy: numpy/core.py: rank 0 sha256 {_sha(b'DOT = 1' + bytes([10]))}, "
+        f"rank 1 sha256 {_sha(b'DOT = 2' + bytes([10]))}",
+    ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkseal.core import manifest as mm
-from tests.installed_tree import make_venv
+from tests.installed_tree import install, make_venv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,3 +73,24 @@ def test_missing_manifest_is_a_usage_error(image: tuple[Path, Path, Path], tmp_p
     done = _serve(site, bin_dir, "--manifest", str(tmp_path / "absent.json"), "model")
     assert done.returncode == 2
     assert "absent.json" in done.stderr
+
+
+def test_the_default_checks_every_distribution_before_serving(
+    image: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    site, manifest, bin_dir = image
+    done = _serve(site, bin_dir, "--manifest", str(manifest), "--site-packages", str(site), "model")
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"sparkseal: the 3 distributions of {site} and its files no RECORD names (20 files) match "
+        f"{manifest}; starting vllm serve"
+    ) in done.stderr
+    (tmp_path / "vllm-args").unlink()
+    install(site, "vllm-addon", "1.0", {"vllm_addon.py": b"import vllm\n"})
+    done = _serve(site, bin_dir, "--manifest", str(manifest), "--site-packages", str(site), "model")
+    assert done.returncode == 1
+    assert (
+        f"vllm-addon: distribution vllm-addon 1.0 ({site / 'vllm_addon-1.0.dist-info'}) is not in the "
+        f"manifest {manifest}" in done.stderr
+    )
+    assert not (tmp_path / "vllm-args").exists()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -203,3 +205,166 @@ def test_a_special_file_under_a_module_is_an_error(image: tuple[Path, Path]) -> 
     with pytest.raises(verify.VerifyError) as error:
         verify.installed_module("vllm", [str(site)])
     assert str(error.value) == f"module vllm: {site / 'vllm/pipe'}: not a regular file"
+
+
+# The default check: every distribution of the site-packages directory.
+
+NUMPY = {
+    "numpy/__init__.py": b"from numpy.core import *\n",
+    "numpy/core.py": b"def dot(a, b):\n    return a * b\n",
+    "numpy.libs/libopenblas.so": b"\x7fELF openblas\n",
+    "../../../bin/f2py": b"#!/opt/venv/bin/python3\nfrom numpy.f2py import main\nmain()\n",
+}
+
+
+@pytest.fixture
+def full_image(tmp_path: Path) -> tuple[Path, Path]:
+    """An image tree with a distribution beyond vllm, torch and sparkseal (a numpy look-alike), a single-file
+    module and a ``.pth`` file no RECORD names; returns (site-packages, manifest path)."""
+    site = make_venv(tmp_path / "tree")
+    install(site, "numpy", "2.4.6", NUMPY)
+    install(site, "six", "1.17.0", {"six.py": b"PY3 = True\n"})
+    (site / "distutils-precedence.pth").write_bytes(b"import os\n")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(mm.dumps(mm.tree_manifest(tmp_path / "tree", "/opt/venv")))
+    return site, manifest
+
+
+def test_default_covers_every_distribution_of_the_manifest(full_image: tuple[Path, Path]) -> None:
+    site, manifest_path = full_image
+    manifest = mm.load_manifest(manifest_path)
+    results = verify.verify_site(manifest, manifest_path, site)
+    assert [r.module for r in results] == [*sorted(set(manifest["distributions"]) - {mm.UNOWNED}), mm.UNOWNED]
+    assert [r.module for r in results] == ["numpy", "six", "sparkseal", "torch", "vllm", mm.UNOWNED]
+    assert all(r.ok for r in results), verify.render(results, manifest_path, False)
+    # Every file the manifest lists is hashed once: the pyvenv.cfg outside site-packages included.
+    listed = sum(len(e["files"]) + len(e["install_files"]) for e in manifest["distributions"].values())
+    assert sum(r.checked for r in results) == listed
+    assert results[-1].checked == 2  # distutils-precedence.pth and ../../../pyvenv.cfg
+
+    done = _cli(site, "--manifest", str(manifest_path), "--site-packages", str(site))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        f"numpy: numpy 2.4.6 in {site}: 8 files, OK",
+        f"six: six 1.17.0 in {site}: 5 files, OK",
+        f"sparkseal: sparkseal 0.1.0 in {site}: 5 files, OK",
+        f"torch: torch 2.11.0 in {site}: 6 files, OK",
+        f"vllm: vllm 0.25.1 in {site}: 8 files, OK",
+        f"(unowned): files no RECORD names in {site}: 2 files, OK",
+    ]
+
+
+def test_a_changed_file_beyond_vllm_torch_and_sparkseal_is_found_by_the_default_only(
+    full_image: tuple[Path, Path],
+) -> None:
+    site, manifest_path = full_image
+    (site / "numpy/core.py").write_bytes(b"def dot(a, b):\n    return 0\n")
+    done = _cli(site, "--manifest", str(manifest_path), "--site-packages", str(site))
+    assert done.returncode == 1
+    expected, actual = _sha(NUMPY["numpy/core.py"]), _sha(b"def dot(a, b):\n    return 0\n")
+    assert done.stdout.splitlines()[:2] == [
+        f"numpy: numpy 2.4.6 in {site}: 8 files, 1 finding(s)",
+        f"  changed numpy/core.py: expected sha256 {expected}, actual sha256 {actual}",
+    ]
+    report = json.loads(
+        _cli(site, "--manifest", str(manifest_path), "--site-packages", str(site), "--json").stdout
+    )
+    assert [(m["module"], m["ok"]) for m in report["modules"]][:2] == [("numpy", False), ("six", True)]
+    assert report["modules"][0]["findings"] == [
+        {"kind": "changed", "path": "numpy/core.py", "expected": expected, "actual": actual}
+    ]
+    narrow = _cli(site, "--manifest", str(manifest_path), "--modules", "vllm")
+    assert (narrow.returncode, narrow.stdout) == (0, f"vllm: vllm 0.25.1 in {site}: 8 files, OK\n")
+
+
+def test_an_extra_dist_info_is_a_finding(full_image: tuple[Path, Path]) -> None:
+    site, manifest_path = full_image
+    install(site, "numpy-shadow", "9.9", {"numpy_shadow/__init__.py": b""})
+    results = verify.verify_site(mm.load_manifest(manifest_path), manifest_path, site)
+    shadow = next(r for r in results if r.module == "numpy-shadow")
+    assert shadow.problem == (
+        f"distribution numpy-shadow 9.9 ({site / 'numpy_shadow-9.9.dist-info'}) is not in the manifest "
+        f"{manifest_path}; a distribution the image does not have can shadow the image's modules"
+    )
+    assert (shadow.checked, shadow.version, shadow.ok) == (5, "9.9", False)
+    assert [r.module for r in results if not r.ok] == ["numpy-shadow"]
+
+
+def test_missing_distribution_unowned_files_and_the_venv_config(full_image: tuple[Path, Path]) -> None:
+    site, manifest_path = full_image
+    manifest = mm.load_manifest(manifest_path)
+    pth = manifest["distributions"][mm.UNOWNED]["files"]["distutils-precedence.pth"]
+    shutil.rmtree(site / "six-1.17.0.dist-info")  # six.py stays, owned by no RECORD now
+    (site / "distutils-precedence.pth").unlink()
+    (site / "sitecustomize.py").write_bytes(b"import evil\n")
+    cfg = site.parents[2] / "pyvenv.cfg"
+    old_cfg = cfg.read_bytes()
+    cfg.write_bytes(old_cfg.replace(b"false", b"true"))
+    done = _cli(site, "--manifest", str(manifest_path), "--site-packages", str(site))
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    evil, six = _sha(b"import evil\n"), _sha(b"PY3 = True\n")
+    assert lines[1] == (
+        f"six: distribution six 1.17.0 is in the manifest {manifest_path}, expected a *.dist-info of it in "
+        f"{site}, found none"
+    )
+    assert lines[-5:] == [
+        f"(unowned): files no RECORD names in {site}: 3 files, 4 finding(s)",
+        f"  changed ../../../pyvenv.cfg: expected sha256 {_sha(old_cfg)}, actual sha256 "
+        f"{_sha(old_cfg.replace(b'false', b'true'))}",
+        f"  missing distutils-precedence.pth: expected sha256 {pth}, actual no file",
+        f"  extra sitecustomize.py: expected not in the manifest, actual sha256 {evil}",
+        f"  extra six.py: expected not in the manifest, actual sha256 {six}",
+    ]
+
+
+def test_a_distribution_installed_twice_is_a_finding(full_image: tuple[Path, Path]) -> None:
+    site, manifest_path = full_image
+    install(site, "six", "1.16.0", {"six_compat.py": b""})
+    results = verify.verify_site(mm.load_manifest(manifest_path), manifest_path, site)
+    six = next(r for r in results if r.module == "six")
+    assert six.problem == (
+        f"distribution six is installed 2 times in {site}: six-1.16.0.dist-info, six-1.17.0.dist-info; "
+        "expected one *.dist-info"
+    )
+
+
+def test_parallel_and_serial_hashing_give_identical_reports(full_image: tuple[Path, Path]) -> None:
+    site, manifest_path = full_image
+    for index in range(300):
+        (site / f"numpy/gen_{index:03}.py").write_bytes(b"#" * (index * 997))
+    (site / "numpy/big.bin").write_bytes(bytes(range(256)) * 20_000)
+    (site / "torch/__init__.py").write_bytes(b"import os\n")
+    manifest = mm.load_manifest(manifest_path)
+    serial = verify.verify_site(manifest, manifest_path, site, jobs=1)
+    parallel = verify.verify_site(manifest, manifest_path, site, jobs=8)
+    assert serial == parallel
+    assert sum(len(r.findings) for r in serial) == 302
+    assert verify.render(serial, manifest_path, True) == verify.render(parallel, manifest_path, True)
+    module_serial = verify.verify_module(manifest, manifest_path, "numpy", [str(site)], jobs=1)
+    assert module_serial == verify.verify_module(manifest, manifest_path, "numpy", [str(site)], jobs=8)
+    done = [
+        _cli(site, "--manifest", str(manifest_path), "--site-packages", str(site), "--jobs", n) for n in "14"
+    ]
+    assert done[0].stdout == done[1].stdout and done[0].returncode == done[1].returncode == 1
+
+
+def test_site_packages_problems(full_image: tuple[Path, Path], tmp_path: Path) -> None:
+    site, manifest_path = full_image
+    manifest = mm.load_manifest(manifest_path)
+    absent = tmp_path / "absent"
+    [result] = verify.verify_site(manifest, manifest_path, absent)
+    assert (result.module, result.problem) == (
+        "site-packages",
+        f"site-packages {absent}: expected a directory, found none",
+    )
+    os.mkfifo(site / "numpy/pipe")
+    [result] = verify.verify_site(manifest, manifest_path, site)
+    assert result.problem == f"site-packages {site}: {site / 'numpy/pipe'}: not a regular file"
+    done = _cli(site, "--manifest", str(manifest_path), "--jobs", "0")
+    assert done.returncode == 2
+    assert "expected a number of threads of at least 1, got '0'" in done.stderr
+
+
+def test_the_default_site_packages_is_the_interpreters() -> None:
+    assert verify.default_site_packages() == Path(sysconfig.get_path("purelib"))
