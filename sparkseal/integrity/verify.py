@@ -23,7 +23,9 @@ importing them: ``importlib`` finds the package (``find_spec`` of a top-level na
 the directory holding it is its site-packages directory, and the ``*.dist-info/RECORD`` files there say
 which distribution owns it and which files that distribution has. Every file its RECORD names is hashed,
 and so is every file under the distribution's top-level directories that no RECORD names. Because the
-import system locates the module, this also finds a module imported from outside site-packages.
+import system locates the module, this also finds a module imported from outside site-packages. The
+default check of the running interpreter's site-packages asks the same of the served modules
+(``shadowed``): each one installed there must be the one ``sys.path`` finds first.
 
 Files are hashed by several threads (``sha256_files``); results are in a fixed order whatever the number.
 Keys are the manifest's: paths relative to site-packages.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -362,16 +365,53 @@ def site_results(
     return results
 
 
+# The modules a served image runs (the entrypoint, vLLM, its kernels): where the check covers the running
+# interpreter's site-packages, each of these that is installed there must also be what the import system
+# finds first (``shadowed``).
+SERVED_MODULES = ("vllm", "torch", "sparkseal")
+
+
+def shadowed(site: Path, modules: Sequence[str] = SERVED_MODULES) -> list[ModuleResult]:
+    """A result for each of ``modules`` installed in ``site`` that ``sys.path`` finds elsewhere first.
+
+    Why: hashing site-packages says nothing of a copy ahead of it on ``sys.path`` (``PYTHONPATH``, a mounted
+    directory, a ``.pth`` entry), which is what ``import`` would load. Searched with ``sys.path`` as it is,
+    not with the modules already imported (``PathFinder``), so the answer is the path's, for this process.
+    """
+    results = []
+    for module in modules:
+        if not (site / module).exists():
+            continue  # not installed here: the distributions' results say what is missing
+        try:
+            root = module_root(module, sys.path)
+        except VerifyError as error:
+            results.append(ModuleResult(module, site=str(site), problem=str(error)))
+            continue
+        if root.parent.resolve() != site.resolve():
+            results.append(
+                ModuleResult(
+                    module,
+                    site=str(site),
+                    problem=f"module {module}: imported from {root}, expected the checked {site / module}: a "
+                    "directory ahead of site-packages on sys.path (PYTHONPATH, a mount) shadows the image's",
+                )
+            )
+    return results
+
+
 def verify_site(
     manifest: Mapping[str, Any], manifest_path: Path, site: Path | None = None, jobs: int | None = None
 ) -> list[ModuleResult]:
-    """The default check: every distribution of ``site`` (``None``: ``default_site_packages``)."""
+    """The default check: every distribution of ``site`` (``None``: ``default_site_packages``, and then
+    also that the served modules are imported from it, ``shadowed``)."""
+    given = site is not None
     try:
         site = default_site_packages() if site is None else site
         installed = installed_site(site, unowned_outside(manifest), jobs)
     except VerifyError as error:
         return [ModuleResult(SITE_PACKAGES, site=str(site) if site else None, problem=str(error))]
-    return site_results(manifest, manifest_path, installed)
+    results = site_results(manifest, manifest_path, installed)
+    return results if given else results + shadowed(site)
 
 
 def render(results: Sequence[ModuleResult], manifest_path: Path, as_json: bool) -> str:

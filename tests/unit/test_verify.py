@@ -368,3 +368,28 @@ def test_site_packages_problems(full_image: tuple[Path, Path], tmp_path: Path) -
 
 def test_the_default_site_packages_is_the_interpreters() -> None:
     assert verify.default_site_packages() == Path(sysconfig.get_path("purelib"))
+
+
+def test_the_default_finds_a_served_module_shadowed_by_a_path_ahead_of_site_packages(
+    full_image: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hashing site-packages alone would pass: the copy that ``import vllm`` loads is elsewhere."""
+    site, manifest_path = full_image
+    manifest = mm.load_manifest(manifest_path)
+    monkeypatch.setattr(verify, "default_site_packages", lambda: site)
+    monkeypatch.syspath_prepend(str(site))
+    assert [r.problem for r in verify.verify_site(manifest, manifest_path) if not r.ok] == []
+    ahead = tmp_path / "pythonpath"
+    (ahead / "vllm").mkdir(parents=True)
+    (ahead / "vllm/__init__.py").write_text("print('not the image')\n")
+    monkeypatch.syspath_prepend(str(ahead))
+    bad = [r for r in verify.verify_site(manifest, manifest_path) if not r.ok]
+    assert [(r.module, r.problem) for r in bad] == [
+        (
+            "vllm",
+            f"module vllm: imported from {ahead / 'vllm'}, expected the checked {site / 'vllm'}: a directory "
+            "ahead of site-packages on sys.path (PYTHONPATH, a mount) shadows the image's",
+        )
+    ]
+    # A site-packages named explicitly (an unpacked tree) is not the one this process imports from.
+    assert all(r.ok for r in verify.verify_site(manifest, manifest_path, site))
