@@ -7,7 +7,9 @@ repository cache), so the module is marked ``image``; ``make test`` runs it, ``p
 skips it. Both images are built by one Bazel command (``built_images``). The product's image goes into
 podman as a user puts it there, ``bazel run //:image.load``; the linux/amd64 one, which these tests only
 run, by ``skopeo copy`` from its layout (``copy_into_podman``: no temporary archive). One platform's image
-is removed from podman before the next is loaded (~10 GB of storage each).
+is removed from podman before the next is loaded (~10 GB of storage each). The serving recipe of
+docs/serving.md runs here too, on the linux/amd64 image this module has loaded, so that it is never loaded
+a second time.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +31,17 @@ from sparkseal.core.platforms import MACHINES
 from tests.bazel_util import REPO, Workspace
 from tests.bytecode_probe import PROBE
 from tests.podman import PODMAN_RUN, copy_into_podman
+from tests.recipe import (
+    PAGE,
+    container_names,
+    fake_image_commands,
+    podman_shim,
+    recipe_steps,
+    script,
+    steps_by_name,
+    substitute,
+)
+from tests.servers.loopback import free_port
 
 pytestmark = [pytest.mark.bazel, pytest.mark.network, pytest.mark.image]
 
@@ -431,3 +446,115 @@ def test_our_attention_backend_inside_vllm(loaded_image: str) -> None:
         "vllm.v1.attention.backends.mla.flashmla_sparse.FlashMLASparseBackend "
         "has no deepseek_v4_attention_cls"
     )
+
+
+# The one-GB10 recipe's steps, in the page's order; the test runs all of them but `pull`.
+RECIPE_STEPS = ["vars", "pull", "verify", "serve-reference", "record", "stop-reference", "serve", "check"]
+
+
+def _container_state(name: str) -> str | None:
+    """The container's state (running, exited, ...), or None where podman has no container of that name."""
+    inspected = _podman("container", "inspect", "--format", "{{.State.Status}}", name, timeout=60)
+    return inspected.stdout.strip() if inspected.returncode == 0 else None
+
+
+def _gone(name: str, seconds: float) -> bool:
+    """Whether the container (started with --rm) is gone within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while _container_state(name) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_the_serving_recipe_runs_as_written(loaded_image: str, tmp_path: Path) -> None:
+    """docs/serving.md's one-GB10 recipe, its commands read from the page (tests/recipe.py), never retyped.
+
+    The page's ``vars`` step runs with five values substituted, nothing else changed: ``IMAGE`` is the
+    linux/amd64 image with one layer more, the fake vLLM server (tests/servers/fake_vllm.py) as its
+    entrypoint, so the server containers run the fake on the recipe's own arguments while ``live-check``
+    and ``verify-modules`` run the image's own sparkseal; ``GPUS`` is empty (no GPU here); ``MODELS`` and
+    ``WORK`` are scratch folders, ``PORT`` a free loopback port. ``pull`` is skipped: the image is loaded
+    already. podman runs through a shim that adds what this host's podman needs (runc, ulimits:
+    tests/podman.py). What differs from a GB10: the fake answers instead of vLLM, and without a GPU the
+    check's gpu-idle step is skipped with its reason. Each step must exit 0; after it, what it is for must
+    hold: the record written, the reference server stopped by its name within the stop's grace time, the
+    reference validation passed, its teardown stopped the server's process and its container is gone.
+    """
+    if loaded_image.endswith("-linux_aarch64"):
+        pytest.skip("the serving recipe runs on the linux/amd64 image (native), not again under qemu")
+    steps = steps_by_name(recipe_steps(PAGE.read_text(), "gb10"), RECIPE_STEPS, "gb10")
+    reference, dspark = container_names(steps["serve-reference"]) + container_names(steps["serve"])
+    for name in (reference, dspark):
+        if _container_state(name) is not None:
+            pytest.fail(f"podman already has a container {name}: the recipe starts its own; remove it first")
+    models, work, shims = tmp_path / "models", tmp_path / "work", tmp_path / "bin"
+    models.mkdir()
+    shims.mkdir()
+    podman = shutil.which("podman")
+    assert podman is not None, "podman is not installed: run make setup"
+    runtime = PODMAN_RUN[PODMAN_RUN.index("--runtime") : PODMAN_RUN.index("run")]
+    ulimits = [w for i, arg in enumerate(PODMAN_RUN) if arg == "--ulimit" for w in PODMAN_RUN[i : i + 2]]
+    (shims / "podman").write_text(podman_shim(podman, runtime, ulimits))
+    (shims / "podman").chmod(0o755)
+    environment = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
+    tag = f"localhost/sparkseal/recipe-fake:{os.getpid()}"
+    maker = f"sparkseal-recipe-fake-{os.getpid()}"
+    values = {"IMAGE": tag, "GPUS": "", "MODELS": str(models), "WORK": str(work), "PORT": str(free_port())}
+    variables = substitute(steps["vars"], values)
+
+    def run_step(name: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            ["bash", "-c", script(variables, steps[name])],
+            env=environment, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, (
+            f"{PAGE}:{steps[name].line}: step {name}: expected exit 0, got {done.returncode}\n"
+            f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
+        )
+        return done
+
+    keep = [arg for arg in PODMAN_RUN if arg != "--rm"]
+    try:
+        for command in fake_image_commands(keep, loaded_image, maker, tag):
+            made = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+            assert made.returncode == 0, f"{' '.join(command)[:300]}: {made.stderr[-3000:]}"
+        run_step("verify")
+        run_step("serve-reference")
+        assert _container_state(reference) == "running", f"step serve-reference: {reference} is not running"
+        recorded = run_step("record")
+        assert "result: pass" in recorded.stdout, recorded.stdout[-3000:]
+        assert json.loads((work / "reference.json").read_text())["max_tokens"] == 64
+        started = time.monotonic()
+        run_step("stop-reference")
+        stopped_in = time.monotonic() - started
+        assert _gone(reference, 30), f"step stop-reference: the container {reference} is still there"
+        # SIGTERM stopped it: podman's SIGKILL would have come only after the step's -t 120 seconds.
+        assert stopped_in < 60, f"step stop-reference: {stopped_in:.0f} s: the server did not stop on SIGTERM"
+        served = (work / "reference.log").read_text()
+        assert f"listening on http://127.0.0.1:{values['PORT']}" in served, served[-2000:]
+
+        run_step("serve")
+        assert _container_state(dspark) == "running", f"step serve: {dspark} is not running"
+        run_step("check")
+        report = (work / "dspark-check.txt").read_text()
+        assert report.startswith(f"live-check http://127.0.0.1:{values['PORT']} ("), report
+        assert "profile reference)" in report.splitlines()[0], report
+        assert report.rstrip().endswith("result: pass"), report
+        for passed in ("soak", "prefix-cache", "long-context", "speculation", "lossless", "teardown"):
+            assert re.search(rf"^  {passed}\s+ok ", report, re.MULTILINE), f"{passed}: {report}"
+        assert re.search(r"^  teardown\s+ok .*: pid \d+, signal SIGTERM, exit_s ", report, re.MULTILINE), (
+            report
+        )
+        # No GPU in the check's container here: the step says why it did not run (on a GB10, $GPUS gives
+        # it one).
+        idle = (
+            r"^  gpu-idle\s+skipped: no nvidia-smi on PATH: the GPUs' memory and utilisation cannot be read"
+        )
+        assert re.search(idle, report, re.MULTILINE), report
+        assert _gone(dspark, 30), f"step check: the teardown left the container {dspark}"
+    finally:
+        for name in (reference, dspark, maker):
+            _podman("rm", "--force", name)
+        _podman("rmi", "--force", tag)
