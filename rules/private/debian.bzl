@@ -160,7 +160,7 @@ def fetch_debs(rctx):
         fail(offline_miss_message(
             rctx,
             [("%s=%s (%s)" % (e["package"], e["version"], e["filename"]), e["sha256"]) for e in missing],
-            "locked in %s" % rctx.attr.lock,
+            "locked in %s" % label_string(rctx.attr.lock),
         ))
     if missing:
         prepare_download_verified(rctx)
