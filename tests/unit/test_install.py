@@ -428,17 +428,6 @@ def test_layer_manifests_that_overlap_are_refused(
     assert "module_manifest: lib/python3.11/site-packages/beta-2.0.dist-info/METADATA is in two layers" in err
 
 
-def test_wheel_layer_flags_come_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    wheel = tmp_path / "alpha-1.0-py3-none-any.whl"
-    with pytest.raises(SystemExit) as exit_info:
-        oci_layer.main(_layer_args(tmp_path, "--wheel", str(wheel), "--platform", "linux_aarch64"))
-    assert exit_info.value.code == 2
-    assert "--wheel needs --installer, --modules" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        oci_layer.main(_layer_args(tmp_path, "--modules", str(tmp_path / "m.json")))
-    assert "--modules given without --wheel" in capsys.readouterr().err
-
-
 @pytest.mark.network
 def test_a_bad_wheel_in_a_layer_is_named_and_leaves_no_scratch(
     tmp_path: Path, installer_wheel: Path, capsys: pytest.CaptureFixture[str]
