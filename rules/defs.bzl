@@ -15,6 +15,7 @@ load("//rules/private:platforms.bzl", _CONSTRAINTS = "CONSTRAINTS", _DEBIAN_ARCH
 load("//rules/private:provenance.bzl", _provenance = "provenance")
 load("//rules/private:pypi_file.bzl", _pypi_file = "pypi_file")
 load("//rules/private:python_lock.bzl", _python_lock = "python_lock")
+load("//rules/private:python_venv.bzl", _VenvInfo = "VenvInfo", _python_venv = "python_venv")
 load("//rules/private:sbom.bzl", _sbom = "sbom", _sbom_cyclonedx = "sbom_cyclonedx")
 load("//rules/private:secret_scanner.bzl", _secret_scanner = "secret_scanner")
 load("//rules/private:repositories.bzl", _sparkseal_repositories = "sparkseal_repositories", _sparkseal_toolchains = "sparkseal_toolchains")
@@ -22,7 +23,6 @@ load("//rules/private:toolchains.bzl", _SparksealCcInfo = "SparksealCcInfo", _lo
 load("//rules/private:vllm_lock.bzl", _vllm_lock = "vllm_lock")
 load("//rules/private:vllm_tree.bzl", _vllm_patched_tree = "vllm_patched_tree", _vllm_source_tree = "vllm_source_tree")
 load("//rules/private:vllm_wheel.bzl", _vllm_wheel = "vllm_wheel")
-load("//rules/private:wheel_install.bzl", _wheel_install = "wheel_install")
 
 CONSTRAINTS = _CONSTRAINTS
 DEBIAN_ARCHITECTURES = _DEBIAN_ARCHITECTURES
@@ -30,6 +30,7 @@ DebianRootfsInfo = _DebianRootfsInfo
 PLATFORMS = _PLATFORMS
 SparksealCcInfo = _SparksealCcInfo
 SparksealPexInfo = _SparksealPexInfo
+VenvInfo = _VenvInfo
 cuda_archs_setting = _cuda_archs_setting
 cuda_toolkit = _cuda_toolkit
 debian_packages = _debian_packages
@@ -48,6 +49,7 @@ patch_series = _patch_series
 provenance = _provenance
 pypi_file = _pypi_file
 python_lock = _python_lock
+python_venv = _python_venv
 sbom = _sbom
 sbom_cyclonedx = _sbom_cyclonedx
 secret_scanner = _secret_scanner
@@ -61,4 +63,3 @@ vllm_lock = _vllm_lock
 vllm_patched_tree = _vllm_patched_tree
 vllm_source_tree = _vllm_source_tree
 vllm_wheel = _vllm_wheel
-wheel_install = _wheel_install

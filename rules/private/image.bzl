@@ -12,6 +12,7 @@ hub's `WHEELS_BY_LAYER` is computed with it.
 load(":module_manifest.bzl", "module_manifest")
 load(":oci_image.bzl", "oci_image")
 load(":oci_layer.bzl", "oci_layer")
+load(":python_venv.bzl", "python_venv")
 load(":sbom.bzl", "sbom", "sbom_cyclonedx")
 load(":wheel_layers.bzl", "DEPS_LAYER", "TORCH_LAYER")
 
@@ -45,7 +46,8 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
 
     Targets: `manifest_<platform>` (module manifest), `sbom_<platform>` (SPDX 2.3),
     `sbom_cyclonedx_<platform>` (CycloneDX 1.6), `layer_<layer>_<platform>` for
-    base, torch, deps, vllm, vllm_patched, sparkseal and app, and `image_<platform>` with
+    base, torch, deps, vllm, vllm_patched, sparkseal and app, `venv_<layer>_<platform>` (python_venv)
+    for each of those that installs wheels, and `image_<platform>` with
     `image_<platform>.load` and `image_<platform>.push`. The wheel layers install their wheels inside the layer action: no installed
     tree is an output (bench/results/image.md, "Disk", has what that saves).
 
@@ -89,19 +91,24 @@ def sparkseal_image(platform, wheels_by_layer, vllm, patches, debian_lock, scan_
         visibility = visibility,
     )
     for layer, wheels, split, split_part in venv_layers:
-        oci_layer(
-            name = "layer_%s_%s" % (layer, platform),
+        python_venv(
+            name = "venv_%s_%s" % (layer, platform),
             bytecode = True,
             installer = "@python_tools_any_installer//file",
+            path = VENV,
             platform = platform,
             pyvenv_cfg = layer == TORCH_LAYER,
             replaces = "//third_party/python:replaces.json",
-            scan_allow = scan_allow,
             split = split,
             split_part = split_part,
-            symlinks = PYTHON_LINKS if layer == TORCH_LAYER else {},
-            venv = VENV,
             wheels = wheels,
+            visibility = visibility,
+        )
+        oci_layer(
+            name = "layer_%s_%s" % (layer, platform),
+            scan_allow = scan_allow,
+            symlinks = PYTHON_LINKS if layer == TORCH_LAYER else {},
+            venv = ":venv_%s_%s" % (layer, platform),
             visibility = visibility,
         )
     oci_layer(

@@ -36,7 +36,7 @@ module_manifest = rule(
     implementation = _module_manifest_impl,
     doc = "Writes `name.json` (sparkseal/core/manifest.py) over the venv that `trees` or `layers` make together.",
     attrs = {
-        "trees": attr.label_list(doc = "wheel_install trees, in layer order."),
+        "trees": attr.label_list(doc = "Tree artifacts holding the venv at `prefix`, in layer order."),
         "layers": attr.label_list(
             providers = [OciLayerInfo],
             doc = "oci_layer targets with wheels, in layer order: their own manifests are merged.",

@@ -1,4 +1,4 @@
-"""`oci_layer`: one deterministic image layer (tar, gzip or zstd blob, descriptor) from trees, files, links, wheels.
+"""`oci_layer`: one deterministic image layer (tar, gzip or zstd blob, descriptor) from a root file system, a venv and files.
 
 `layer_compression` is the build setting that picks every layer's compression: `gzip` (the default) or
 `zstd` (`--//rules:layer_compression=zstd`, or `--config=zstd`).
@@ -6,7 +6,7 @@
 
 load(":common.bzl", "ACTION_ENV", "label_string", "tool")
 load(":debian.bzl", "DebianRootfsInfo")
-load(":platforms.bzl", "PLATFORMS")
+load(":python_venv.bzl", "VenvInfo")
 
 _COMPRESSIONS = {"gzip": ".tar.gz", "zstd": ".tar.zst"}
 
@@ -70,7 +70,9 @@ def _oci_layer_impl(ctx):
     compression = ctx.attr._compression[LayerCompressionInfo].value
     blob = ctx.actions.declare_file(ctx.label.name + _COMPRESSIONS[compression])
     descriptor = ctx.actions.declare_file(ctx.label.name + ".json")
-    modules = ctx.actions.declare_file(ctx.label.name + ".modules.json") if ctx.files.wheels else None
+    # A venv without wheels installs nothing; one with wheels also writes the module manifest of their files.
+    venv = ctx.attr.venv[VenvInfo] if ctx.attr.venv and ctx.attr.venv[VenvInfo].wheels else None
+    modules = ctx.actions.declare_file(ctx.label.name + ".modules.json") if venv else None
     args = ctx.actions.args()
     args.use_param_file("@%s", use_always = True)
     args.set_param_file_format("multiline")
@@ -108,32 +110,25 @@ def _oci_layer_impl(ctx):
         args.add_all(["--dir", dest])
     for dest, mode in ctx.attr.modes.items():
         args.add_all(["--mode", dest, mode])
-    if ctx.attr.bytecode and not modules:
-        fail("sparkseal: %s: bytecode needs wheels: only installed wheels are byte-compiled" % label_string(ctx.label))
-    if modules:
-        if not ctx.attr.platform:
-            fail("sparkseal: %s: wheels need platform (one of %s)" % (label_string(ctx.label), ", ".join(PLATFORMS)))
-        if not ctx.file.installer:
-            fail("sparkseal: %s: wheels need installer (the locked installer wheel, " % label_string(ctx.label) +
-                 "@python_tools_any_installer//file)")
-        args.add_all(ctx.files.wheels, before_each = "--wheel")
-        args.add_all(["--platform", ctx.attr.platform, "--installer", ctx.file.installer])
-        args.add_all(["--venv", ctx.attr.venv, "--modules", modules])
-        if not ctx.attr.pyvenv_cfg:
+    if venv:
+        args.add_all(venv.wheels, before_each = "--wheel")
+        args.add_all(["--platform", venv.platform, "--installer", venv.installer])
+        args.add_all(["--venv", venv.path, "--modules", modules])
+        if not venv.pyvenv_cfg:
             args.add("--no-pyvenv-cfg")
-        if ctx.attr.bytecode:
+        if venv.bytecode:
             args.add("--bytecode")
-        inputs += ctx.files.wheels + [ctx.file.installer]
-        if ctx.file.replaces:
-            args.add("--replaces", ctx.file.replaces)
-            inputs.append(ctx.file.replaces)
-        if ctx.file.split:
-            args.add_all(["--split", ctx.file.split, "--split-part", ctx.attr.split_part])
-            inputs.append(ctx.file.split)
-    if bool(ctx.file.split) != bool(ctx.attr.split_part):
-        fail("sparkseal: %s: split and split_part go together" % label_string(ctx.label))
-    if ctx.file.split and (not modules or ctx.attr.trees):
-        fail("sparkseal: %s: split needs wheels and no trees: it splits the installed wheels only" % label_string(ctx.label))
+        inputs += venv.wheels + [venv.installer]
+        if venv.replaces:
+            args.add("--replaces", venv.replaces)
+            inputs.append(venv.replaces)
+        if venv.split:
+            if ctx.attr.trees:
+                fail("sparkseal: %s: split needs wheels and no trees: it splits the installed wheels only " % (
+                    label_string(ctx.label)
+                ) + "(venv %s has a split, and the layer has trees)" % label_string(ctx.attr.venv.label))
+            args.add_all(["--split", venv.split, "--split-part", venv.split_part])
+            inputs.append(venv.split)
     if tar:
         args.add("--tar", tar)
     tools = []
@@ -189,12 +184,13 @@ specs or `symlinks`; a file is 0755 when it starts with ELF magic or `#!`, else 
 says otherwise. Empty directories of a tree are not written; declare them in `dirs` specs (with mode
 and owner) or `directories`.
 
-`wheels` are installed into the layer's virtual environment at `venv` (tags checked against `platform`,
-no code run) in a scratch directory of the action that only the layer's tar keeps: no
+A layer holds a root file system (`rootfs`, a debian_rootfs), a virtual environment (`venv`, a
+python_venv) and files; what each of those may combine is checked by its own rule. The `venv`'s wheels
+are installed in a scratch directory of the layer's action that only the layer's tar keeps: no
 installed tree is a build output. Such a layer also writes `name.modules.json`, the module manifest of the
-wheels' files, which `module_manifest(layers = ...)` merges into the image's. With `bytecode`, their
-sources are byte-compiled too: reproducible unchecked-hash pycs that each distribution's RECORD and the
-module manifest list, so that no rank compiles a module at start-up.""",
+wheels' files, which `module_manifest(layers = ...)` merges into the image's; with the venv's `bytecode`,
+the reproducible unchecked-hash pycs are in each distribution's RECORD and in that manifest, so that no
+rank compiles a module at start-up.""",
     attrs = {
         "trees": attr.label_keyed_string_dict(
             allow_files = True,
@@ -217,31 +213,10 @@ module manifest list, so that no rank compiles a module at start-up.""",
         "symlinks": attr.string_dict(doc = "Image path -> symlink target."),
         "directories": attr.string_list(doc = "Image directories to write even when empty."),
         "modes": attr.string_dict(doc = "Image path -> octal mode (files 0644/0755, dirs 0755/1777)."),
-        "wheels": attr.label_list(allow_files = [".whl"], doc = "Wheels to install into the venv at `venv`."),
-        "platform": attr.string(values = [""] + PLATFORMS, doc = "Target wheel platform (with `wheels`)."),
-        "venv": attr.string(default = "/opt/venv", doc = "Path of the virtual environment in the image."),
-        "bytecode": attr.bool(
-            doc = "Byte-compile the installed wheels' sources (unchecked-hash pycs, sparkseal/install/bytecode.py).",
-        ),
-        "pyvenv_cfg": attr.bool(default = False, doc = "Write the venv's pyvenv.cfg (in one layer only)."),
-        "replaces": attr.label(
-            allow_single_file = [".json"],
-            doc = "Policy naming the projects whose files another project may replace, with reasons.",
-        ),
-        "split": attr.label(
-            allow_single_file = [".json"],
-            doc = "Split file of a distribution installed as two layers (sparkseal/core/wheel_split.py), " +
-                  "as the `split` output group of a vllm_wheel writes it.",
-        ),
-        "split_part": attr.string(
-            values = ["", "lower", "upper"],
-            doc = "With split: `lower` installs the upstream wheel without the split's files, `upper` " +
-                  "installs ours and keeps only them, their bytecode and the .dist-info.",
-        ),
-        "installer": attr.label(
-            allow_single_file = [".whl"],
-            doc = "The locked `installer` wheel (with `wheels`; `@python_tools_any_installer//file`). No " +
-                  "default, so that layers without wheels do not need the python_tools hub.",
+        "venv": attr.label(
+            providers = [VenvInfo],
+            doc = "A python_venv: its wheels are installed in the layer's own action at the venv's path " +
+                  "(no installed tree is built), with the module manifest of their files.",
         ),
         "keep_tar": attr.bool(doc = "Also write `name.tar`, the uncompressed layer (for inspection)."),
         "scan": attr.bool(

@@ -60,7 +60,7 @@ SPARKSEAL_REPOSITORIES = [
         "name": "python_tools",
         "files": {"//third_party/python:tools.files.json": "any"},
         "locks": {"//third_party/python:tools.txt": "any"},
-        # Wheels that rules name themselves (rules/private/{pex,wheel_install,image}.bzl), not through the
+        # Wheels that rules name themselves (rules/private/{pex,image}.bzl), not through the
         # hub: under bzlmod the main repository imports them too.
         "direct": ["python_tools_any_installer", "python_tools_any_pex"],
     }),

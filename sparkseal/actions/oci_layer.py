@@ -13,8 +13,8 @@ writes the module manifest of their files to ``--modules``; the scratch director
 layer is written, so the build keeps the compressed layer and not the installed files (several GB for
 torch and the CUDA wheels). With ``--bytecode`` the installed sources are byte-compiled first
 (``sparkseal.install.bytecode``: reproducible unchecked-hash pycs, listed in each RECORD and so in the module
-manifest). The layer's bytes are those of the same wheels installed by ``wheel_install``
-and written as a tree.
+manifest). The layer's bytes are those of the same wheels installed into a directory
+(``sparkseal.install.venv``) and written as a tree.
 
 A layer of locked .debs (``--deb``, with ``--deb-lock``) unpacks them (``sparkseal.install.debian_rootfs``)
 into a scratch directory the same way, and writes the tree, its links and directories at ``/``: the image
@@ -128,26 +128,14 @@ def _install(args: argparse.Namespace, scratch: Path) -> Callable[[str], bool] |
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    needed = {"--platform": args.platform, "--installer": args.installer, "--modules": args.modules}
-    missing = [flag for flag, value in needed.items() if value is None]
-    if args.wheel and missing:
-        parser.error(f"--wheel needs {', '.join(missing)}")
-    if not args.wheel and len(missing) < len(needed):
-        parser.error(f"{', '.join(f for f in needed if f not in missing)} given without --wheel")
-    if args.bytecode and not args.wheel:
-        parser.error("--bytecode given without --wheel: only installed wheels are byte-compiled")
-    if bool(args.deb) != (args.deb_lock is not None):
-        parser.error("--deb and --deb-lock go together")
-    if (args.split is None) != (args.split_part is None):
-        parser.error("--split and --split-part go together")
-    if args.split and (not args.wheel or args.tree):
-        parser.error("--split needs --wheel and no --tree: it splits the installed wheels only")
-    if (args.scanner is None) != (args.scan_report is None) or (args.scan_allow and not args.scanner):
-        parser.error("--scanner and --scan-report go together (--scan-allow needs them)")
-    if args.zstd_site and args.compression != "zstd":
-        parser.error("--zstd-site given without --compression zstd")
+    """Command-line entry point; returns the exit status.
+
+    The arguments are only parsed: which of them go together (wheels with a platform and the installer,
+    bytecode and a split with wheels, the scanner with its report, ...) is decided once, when Bazel
+    analyses the rules that write them (rules/private/python_venv.bzl, rules/private/oci_layer.bzl). What
+    only this program can see, the content of its input files, is checked where it is read.
+    """
+    args = _parser().parse_args(argv)
     scanned: dict[str, object] | None = None
     try:
         zstandard = load_zstandard(args.zstd_site) if args.compression == "zstd" else None

@@ -12,9 +12,8 @@ target platform first (CPython 3.11, manylinux glibc <= 2.36), two wheels writin
 error naming both, and every file and directory gets a fixed mode and mtime. ``INSTALLER`` says
 ``sparkseal``; no ``direct_url.json`` or ``REQUESTED`` is written; RECORD lists the files sorted.
 
-The ``installer`` wheel is put on ``sys.path``: a pure-Python wheel imports from its zip. Two actions use
-this module: ``wheel_install`` (a tree output) and ``oci_layer`` (wheels installed into a scratch directory
-that only the layer's tar keeps).
+The ``installer`` wheel is put on ``sys.path``: a pure-Python wheel imports from its zip. The ``oci_layer``
+action uses this module: its wheels are installed into a scratch directory that only the layer's tar keeps.
 """
 
 from __future__ import annotations

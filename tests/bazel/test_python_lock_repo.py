@@ -1,17 +1,18 @@
-"""The python_lock hub and the wheel_install rule in a fixture workspace, against a loopback index."""
+"""The python_lock hub in a fixture workspace, against a loopback index; layers install its wheels."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.bazel_util import BASE_WORKSPACE, BAZEL, REPO, Workspace, base_env, make_fixture_workspace
+from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
 from tests.fixture_wheels import locked_installer_wheel, make_wheel
 from tests.servers.fixture_index import FixtureIndex
 
@@ -27,7 +28,7 @@ SITE = "opt/venv/lib/python3.11/site-packages"
 SO = b"\x7fELF fake torch extension"
 
 WORKSPACE = (
-    BASE_WORKSPACE
+    MINIMAL_WORKSPACE
     + """
 load("//rules/private:python_lock.bzl", "python_lock")
 
@@ -84,35 +85,36 @@ load(
     REAL_PINS = "PINS",
     REAL_WHEELS = "WHEELS",
 )
-load("//rules/private:wheel_install.bzl", "wheel_install")
+load("//rules:defs.bzl", "oci_layer", "python_venv")
 
 REAL_SMALL = ["certifi", "charset-normalizer", "idna", "requests", "urllib3"]
 
-wheel_install(
-    name = "torch_x86_64",
-    platform = "linux_x86_64",
-    wheels = WHEELS_BY_LAYER["linux_x86_64"]["torch"],
-)
+# name -> (platform, pyvenv_cfg, wheels): each venv in a layer of its own that keeps its plain tar, which
+# the tests read. No scan: what is installed is the fixture's.
+VENVS = {
+    "torch_x86_64": ("linux_x86_64", True, WHEELS_BY_LAYER["linux_x86_64"]["torch"]),
+    "deps_x86_64": ("linux_x86_64", False, WHEELS_BY_LAYER["linux_x86_64"]["deps"]),
+    "wrong_platform": ("linux_x86_64", True, [wheel("linux_aarch64", "beta")]),
+    # A few small wheels of the checked-in aarch64 lock, from the configured index (one of them compiled).
+    "real_requests_aarch64": (
+        "linux_aarch64",
+        True,
+        [REAL_PINS["linux_aarch64"][p]["label"] for p in REAL_SMALL],
+    ),
+}
 
-wheel_install(
-    name = "deps_x86_64",
-    platform = "linux_x86_64",
-    pyvenv_cfg = False,
-    wheels = WHEELS_BY_LAYER["linux_x86_64"]["deps"],
-)
+[
+    python_venv(
+        name = name + "_venv",
+        installer = "@python_tools_any_installer//file",
+        platform = venv[0],
+        pyvenv_cfg = venv[1],
+        wheels = venv[2],
+    )
+    for name, venv in VENVS.items()
+]
 
-wheel_install(
-    name = "wrong_platform",
-    platform = "linux_x86_64",
-    wheels = [wheel("linux_aarch64", "beta")],
-)
-
-# A few small wheels of the checked-in aarch64 lock, from the configured index (one of them compiled).
-wheel_install(
-    name = "real_requests_aarch64",
-    platform = "linux_aarch64",
-    wheels = [REAL_PINS["linux_aarch64"][p]["label"] for p in REAL_SMALL],
-)
+[oci_layer(name = name, keep_tar = True, scan = False, venv = name + "_venv") for name in VENVS]
 
 genrule(
     name = "real_summary",
@@ -137,7 +139,17 @@ class Fixture:
         return result.returncode, result.output
 
     def tree(self, target: str) -> Path:
-        return self.ws.bin_path(f"venv/{target}")
+        return layer_tree(self.ws, target)
+
+
+def layer_tree(ws: Workspace, target: str) -> Path:
+    """The files of layer ``//venv:<target>``, unpacked from its plain tar beside it (once)."""
+    tar = ws.bin_path(f"venv/{target}.tar")
+    tree = ws.root.parent / "unpacked" / target
+    if not tree.exists():
+        with tarfile.open(tar) as archive:
+            archive.extractall(tree)
+    return tree
 
 
 def _fixture_files(tmp: Path) -> dict[str, dict[str, tuple[str, bytes]]]:
@@ -320,7 +332,7 @@ def test_real_hub_installs_small_locked_aarch64_wheels_from_the_index(fixture: F
     try:
         result = ws.bazel("build", "//venv:real_requests_aarch64")
         assert result.returncode == 0, result.output
-        tree = ws.bin_path("venv/real_requests_aarch64")
+        tree = layer_tree(ws, "real_requests_aarch64")
     finally:
         ws.shutdown()
     site = tree / SITE

@@ -38,22 +38,25 @@ SITE = "opt/venv/lib/python3.11/site-packages"
 # The fixture vLLM as the image installs it: the upstream wheel without the files our wheel changes, and
 # our wheel with only those (sparkseal/core/wheel_split.py). No scan: the scanner is not in the fixture.
 SPLIT_BUILD = """
+SPLIT_PARTS = [
+    ("vllm_upstream", "lower", "@vllm_wheel_linux_x86_64//file"),
+    ("vllm_patched", "upper", "//third_party/vllm:wheel_linux_x86_64"),
+]
+
 [
-    oci_layer(
-        name = name,
+    python_venv(
+        name = name + "_venv",
         bytecode = True,
         installer = "{installer}",
         platform = "linux_x86_64",
-        scan = False,
         split = "//third_party/vllm:wheel_linux_x86_64_split",
         split_part = part,
         wheels = [wheel],
     )
-    for name, part, wheel in [
-        ("vllm_upstream", "lower", "@vllm_wheel_linux_x86_64//file"),
-        ("vllm_patched", "upper", "//third_party/vllm:wheel_linux_x86_64"),
-    ]
+    for name, part, wheel in SPLIT_PARTS
 ]
+
+[oci_layer(name = name, scan = False, venv = name + "_venv") for name, _, _ in SPLIT_PARTS]
 """
 
 # The labels of @sparkseal_cuda that the kernels_wheel rule reads, as files of a stand-in repository.
@@ -98,7 +101,7 @@ def scope(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
         installer = locked_installer_wheel()
         shutil.copyfile(installer, root / "scope" / installer.name)
         (root / "scope" / "BUILD").write_text(
-            'load("//rules:defs.bzl", "oci_layer")\n\n'
+            'load("//rules:defs.bzl", "oci_layer", "python_venv")\n\n'
             'oci_layer(name = "vllm_layer", trees = {"//third_party/vllm:patched_tree": "/opt/vllm"})\n'
             + SPLIT_BUILD.format(installer=installer.name)
         )

@@ -517,12 +517,38 @@ REFUSED_BUILD = """\
 load("//image:tree.bzl", "fixture_tree")
 load("//rules/private:module_manifest.bzl", "module_manifest")
 load("//rules/private:oci_layer.bzl", "oci_layer")
+load("//rules/private:python_venv.bzl", "python_venv")
 
 fixture_tree(name = "venv", content = "X = 1")
 
-oci_layer(name = "no_platform", installer = "installer.whl", wheels = ["w-1.0-py3-none-any.whl"])
+WHEEL = "w-1.0-py3-none-any.whl"
 
-oci_layer(name = "no_installer", platform = "linux_x86_64", wheels = ["w-1.0-py3-none-any.whl"])
+python_venv(name = "no_platform", installer = "installer.whl", wheels = [WHEEL])
+
+python_venv(name = "no_installer", platform = "linux_x86_64", wheels = [WHEEL])
+
+python_venv(name = "bytecode_alone", bytecode = True)
+
+python_venv(
+    name = "split_alone",
+    installer = "installer.whl",
+    platform = "linux_x86_64",
+    split = "s.json",
+    wheels = [WHEEL],
+)
+
+python_venv(name = "split_no_wheels", split = "s.json", split_part = "lower")
+
+python_venv(
+    name = "split_venv",
+    installer = "installer.whl",
+    platform = "linux_x86_64",
+    split = "s.json",
+    split_part = "upper",
+    wheels = [WHEEL],
+)
+
+oci_layer(name = "split_and_trees", trees = {":venv": "/opt/venv"}, venv = ":split_venv")
 
 oci_layer(name = "plain", directories = ["/tmp"])
 
@@ -538,16 +564,22 @@ module_manifest(name = "wheelless", layers = [":plain"])
 def test_rules_refuse_layers_and_manifests_they_cannot_build(bazel_ws: Workspace) -> None:
     package = bazel_ws.root / "refused"
     package.mkdir(exist_ok=True)
-    for name in ("installer.whl", "w-1.0-py3-none-any.whl"):
+    for name in ("installer.whl", "w-1.0-py3-none-any.whl", "s.json"):
         (package / name).write_bytes(b"not read: analysis stops first")
     (package / "BUILD").write_text(REFUSED_BUILD)
-    targets = ["no_platform", "no_installer", "both", "neither", "wheelless"]
+    venvs = ["no_platform", "no_installer", "bytecode_alone", "split_alone", "split_no_wheels"]
+    targets = [*venvs, "split_and_trees", "both", "neither", "wheelless"]
     result = bazel_ws.bazel("build", "--nobuild", "--keep_going", *[f"//refused:{t}" for t in targets])
     assert result.returncode != 0
     for message in (
         "sparkseal: //refused:no_platform: wheels need platform (one of linux_",
         "sparkseal: //refused:no_installer: wheels need installer (the locked installer wheel, "
         "@python_tools_any_installer//file)",
+        "sparkseal: //refused:bytecode_alone: bytecode needs wheels: only installed wheels are byte-compiled",
+        "sparkseal: //refused:split_alone: split and split_part go together",
+        "sparkseal: //refused:split_no_wheels: split needs wheels: it splits the installed wheels only",
+        "sparkseal: //refused:split_and_trees: split needs wheels and no trees: it splits the installed "
+        "wheels only (venv //refused:split_venv has a split, and the layer has trees)",
         "sparkseal: //refused:both: give trees or layers, not both",
         "sparkseal: //refused:neither: expected trees or layers, got neither",
         "sparkseal: //refused:wheelless: layer //refused:plain installs no wheels, so it has no module "

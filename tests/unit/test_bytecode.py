@@ -190,11 +190,6 @@ def test_a_layer_with_bytecode_holds_the_pycs_and_their_manifest(
     assert "alpha/more/__pycache__/__init__.cpython-311.pyc" in files
     assert sorted(p.name for p in out.iterdir()) == ["l.json", "l.modules.json", "l.tar.gz"]
 
-    with pytest.raises(SystemExit):
-        oci_layer.main(["--bytecode", "--blob", str(blob), "--descriptor", str(out / "l.json")])
-    message = "--bytecode given without --wheel: only installed wheels are byte-compiled"
-    assert message in capsys.readouterr().err
-
 
 @pytest.mark.network
 def test_a_compile_failure_in_a_layer_leaves_nothing(

@@ -425,9 +425,6 @@ def test_a_layer_of_debs_equals_the_layer_of_their_unpacked_tree(
         in capsys.readouterr().err
     )
     assert list(failed.iterdir()) == []
-    with pytest.raises(SystemExit):
-        oci_layer.main(["--deb", str(debs[0]), *_at(failed, common)])
-    assert "--deb and --deb-lock go together" in capsys.readouterr().err
 
 
 def _at(out: Path, args: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The wheel installer action: layout, determinism, tag checks and the errors it reports."""
+"""Wheels installed into a venv and into a layer: layout, determinism, tag checks and the errors reported."""
 
 from __future__ import annotations
 
@@ -292,23 +292,24 @@ def test_output_must_be_empty_and_prefix_absolute(tmp_path: Path) -> None:
 
 @pytest.mark.network
 def test_command_line_with_a_params_file(tmp_path: Path, installer_wheel: Path) -> None:
+    """The layer program installs wheels as the rule calls it: every argument in one params file."""
     wheels = _fixture_wheels(tmp_path / "wheels")
     params = tmp_path / "args.params"
-    out = tmp_path / "tree"
-    lines = ["--platform", "linux_aarch64", "--installer", str(installer_wheel), "--out", str(out)]
-    for wheel in wheels:
-        lines += ["--wheel", str(wheel)]
-    params.write_text("\n".join([*lines, "--no-pyvenv-cfg"]) + "\n")
-    command = [sys.executable, "-m", "sparkseal.actions.wheel_install", f"@{params}"]
+    out = tmp_path / "layer"
+    out.mkdir()
+    lines = [arg for wheel in wheels for arg in ("--wheel", str(wheel))]
+    lines += ["--platform", "linux_aarch64", "--installer", str(installer_wheel), "--venv", "/opt/venv"]
+    lines += ["--modules", str(out / "l.modules.json"), "--no-pyvenv-cfg", *_layer_args(out)]
+    params.write_text("\n".join(lines) + "\n")
+    command = [sys.executable, "-m", "sparkseal.actions.oci_layer", f"@{params}"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr
-    assert (out / "opt/venv/bin/alpha").is_file()
-    assert not (out / "opt/venv/pyvenv.cfg").exists()
+    members = _layer_members(out / "l.tar.gz")
+    assert "opt/venv/bin/alpha" in members
+    assert "opt/venv/pyvenv.cfg" not in members
 
-    params.write_text(
-        params.read_text().replace("linux_aarch64", "linux_x86_64").replace(str(out), str(tmp_path / "t2"))
-    )
+    params.write_text(params.read_text().replace("linux_aarch64", "linux_x86_64"))
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 1
     assert done.stderr.startswith(
@@ -425,17 +426,6 @@ def test_layer_manifests_that_overlap_are_refused(
     err = capsys.readouterr().err
     assert f"is in two layers: {part} and {again}" in err
     assert "module_manifest: lib/python3.11/site-packages/beta-2.0.dist-info/METADATA is in two layers" in err
-
-
-def test_wheel_layer_flags_come_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    wheel = tmp_path / "alpha-1.0-py3-none-any.whl"
-    with pytest.raises(SystemExit) as exit_info:
-        oci_layer.main(_layer_args(tmp_path, "--wheel", str(wheel), "--platform", "linux_aarch64"))
-    assert exit_info.value.code == 2
-    assert "--wheel needs --installer, --modules" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        oci_layer.main(_layer_args(tmp_path, "--modules", str(tmp_path / "m.json")))
-    assert "--modules given without --wheel" in capsys.readouterr().err
 
 
 @pytest.mark.network

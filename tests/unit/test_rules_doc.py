@@ -40,11 +40,11 @@ def checkout(tmp_path: Path) -> Path:
 
 
 def test_a_changed_doc_string_makes_the_page_stale_until_make_rules_doc(checkout: Path) -> None:
-    layer = checkout / "rules/private/oci_layer.bzl"
+    layer = checkout / "rules/private/python_venv.bzl"
     before = (
-        '"venv": attr.string(default = "/opt/venv", doc = "Path of the virtual environment in the image."),'
+        '"path": attr.string(default = "/opt/venv", doc = "Path of the virtual environment in the image."),'
     )
-    after = '"venv": attr.string(default = "/opt/venv", doc = "Where the virtual environment goes."),'
+    after = '"path": attr.string(default = "/opt/venv", doc = "Where the virtual environment goes."),'
     assert before in layer.read_text()
     layer.write_text(layer.read_text().replace(before, after))
     page = (checkout / "docs/rules.md").read_text()
@@ -56,7 +56,7 @@ def test_a_changed_doc_string_makes_the_page_stale_until_make_rules_doc(checkout
     assert (checkout / "docs/rules.md").read_text() == page  # --check writes nothing
     assert rules_doc.main(["--root", str(checkout)]) == 0
     written = (checkout / "docs/rules.md").read_text()
-    assert '| `venv` | String | `"/opt/venv"` | no | Where the virtual environment goes. |' in written
+    assert '| `path` | String | `"/opt/venv"` | no | Where the virtual environment goes. |' in written
     assert (
         written.count("Path of the virtual environment in the image.")
         == page.count("Path of the virtual environment in the image.") - 1
