@@ -151,20 +151,28 @@ FAKE_FILES = (
 FAKE_ENTRYPOINT = ["/opt/venv/bin/python3", "-m", "tests.servers.fake_vllm"]
 
 
+# Copies FAKE_FILES from /src into FAKE_ROOT, run by the image's own Python: the image has no coreutils
+# (its root file system is Debian's minimal set plus Python's, sh but no mkdir or cp).
+FAKE_COPY = (
+    "import os, shutil, sys\n"
+    "for path in sys.argv[2:]:\n"
+    "    target = os.path.join(sys.argv[1], path)\n"
+    "    os.makedirs(os.path.dirname(target), exist_ok=True)\n"
+    "    shutil.copyfile(os.path.join('/src', path), target)\n"
+)
+
+
 def fake_image_commands(run: list[str], image: str, container: str, tag: str) -> list[list[str]]:
     """The two podman commands that make ``tag`` from ``image``: a container ``container`` (``run``: podman
-    run's options without ``--rm``) copies the fake server's files from the read-only checkout, then
-    ``podman commit`` keeps that as one layer with the fake as entrypoint and ``FAKE_ROOT`` on its path."""
-    copy = " && ".join(
-        [
-            f"mkdir -p {FAKE_ROOT}/tests/servers",
-            *(f"cp /src/{path} {FAKE_ROOT}/{path}" for path in FAKE_FILES),
-        ]
-    )
+    run's options without ``--rm``) copies the fake server's files from the read-only checkout with the
+    image's Python (``FAKE_COPY``), then ``podman commit`` keeps that as one layer with the fake as
+    entrypoint and ``FAKE_ROOT`` on its path."""
     mount = f"{REPO / 'tests'}:/src/tests:ro"
     entrypoint = f"ENTRYPOINT {json.dumps(FAKE_ENTRYPOINT)}"
+    python = FAKE_ENTRYPOINT[0]
     return [
-        [*run, "--name", container, "-v", mount, "--entrypoint", "/bin/sh", image, "-c", copy],
+        [*run, "--name", container, "-v", mount, "--entrypoint", python, image, "-c", FAKE_COPY, FAKE_ROOT,
+         *FAKE_FILES],
         [
             "podman",
             "commit",
@@ -176,7 +184,7 @@ def fake_image_commands(run: list[str], image: str, container: str, tag: str) ->
             container,
             tag,
         ],
-    ]
+    ]  # fmt: skip
 
 
 def podman_shim(podman: str, global_options: list[str], run_options: list[str]) -> str:

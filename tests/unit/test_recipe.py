@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.recipe import (
+    FAKE_COPY,
     FAKE_ENTRYPOINT,
     FAKE_FILES,
     PAGE,
@@ -164,15 +166,32 @@ def test_the_page_recipe_takes_the_tests_values() -> None:
     assert shown.stdout == "localhost/x:1||/m|/tmp/w dir|18000|"
 
 
-def test_the_fake_servers_image_is_made_from_the_checkouts_files() -> None:
+def test_the_fake_servers_image_is_made_from_the_checkouts_files(tmp_path: Path) -> None:
     run = ["podman", "--runtime", "runc", "run", "--network=none"]
     copy, commit = fake_image_commands(run, "localhost/base:1", "maker", "localhost/fake:1")
     assert copy[: len(run)] == run and "--rm" not in copy
     assert copy[len(run) : len(run) + 4] == ["--name", "maker", "-v", f"{REPO / 'tests'}:/src/tests:ro"]
-    assert copy[-5:-1] == ["--entrypoint", "/bin/sh", "localhost/base:1", "-c"]
+    tail = [
+        "--entrypoint",
+        "/opt/venv/bin/python3",
+        "localhost/base:1",
+        "-c",
+        FAKE_COPY,
+        "/opt/sparkseal-fake",
+    ]
+    assert copy[len(run) + 4 : len(run) + 10] == tail
+    assert copy[len(run) + 10 :] == list(FAKE_FILES)
     for path in FAKE_FILES:
         assert (REPO / path).is_file(), path
-        assert f"cp /src/{path} /opt/sparkseal-fake/{path}" in copy[-1]
+    # The copy itself, run here on a scratch root: every file lands under it, byte for byte.
+    root = tmp_path / "fake"
+    src = tmp_path / "src"
+    for path in FAKE_FILES:
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
+        (src / path).write_bytes((REPO / path).read_bytes())
+    code = FAKE_COPY.replace("'/src'", repr(str(src)))
+    subprocess.run([sys.executable, "-c", code, str(root), *FAKE_FILES], check=True)
+    assert all((root / path).read_bytes() == (REPO / path).read_bytes() for path in FAKE_FILES)
     assert commit == [
         "podman", "commit", "--quiet",
         "--change", 'ENTRYPOINT ["/opt/venv/bin/python3", "-m", "tests.servers.fake_vllm"]',
