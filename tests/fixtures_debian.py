@@ -26,6 +26,7 @@ import tarfile
 import threading
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -229,7 +230,56 @@ def write_lock(path: Path, lock: dict[str, object]) -> Path:
     return path
 
 
-class AptRepo:
+def send_body(handler: SimpleHTTPRequestHandler, status: int, body: bytes, content_type: str = "") -> None:
+    """Answer a request with ``status`` and the whole of ``body``."""
+    handler.send_response(status)
+    if content_type:
+        handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+class LoopbackFiles:
+    """The files under ``root`` served on loopback from a thread, each request counted in ``requests``;
+    a subclass's ``answer`` may answer a request itself first (``_serve``). A context manager: the server
+    runs from ``_serve`` (in the subclass's ``__enter__``) to ``__exit__``."""
+
+    root: Path
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def _serve(self, answer: Callable[[SimpleHTTPRequestHandler], bool]) -> None:
+        """Start serving; ``answer(handler)`` is asked first and returns whether it answered."""
+        requests = self.requests
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                """Keep test output quiet."""
+
+            def do_GET(self) -> None:
+                requests[self.path] += 1
+                if not answer(self):
+                    super().do_GET()
+
+        self._server, self._thread = start_loopback(partial(Handler, directory=str(self.root)))
+        host, port = self._server.server_address[:2]
+        self.base = f"http://{host}:{port}"
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stop_loopback(self._server, self._thread)
+
+    def deb_requests(self) -> int:
+        """How many .deb downloads the server answered."""
+        return sum(n for path, n in self.requests.items() if path.endswith(".deb"))
+
+
+class AptRepo(LoopbackFiles):
     """A flat apt repository (``Packages`` + ``Release``) of ``debs``, served on loopback from a thread.
 
     The files lie at Debian's pool paths (``pool_path``) below the base URL, and the Release file carries
@@ -259,53 +309,30 @@ class AptRepo:
             f"Origin: Fixture\n{label_line}Codename: {codename}\nSuite: {codename}\n"
             f"SHA256:\n {digest} {len(packages)} Packages\n"
         )
-        self.requests: Counter[str] = Counter()
+        super().__init__()
         self.served_bytes_override: dict[str, bytes] = {}
         self.bazel_cuts: Counter[str] = Counter()
         self.sources = root.parent / f"{root.name}.sources.list"
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> AptRepo:
-        repo = self
+        def answer(handler: SimpleHTTPRequestHandler) -> bool:
+            name = handler.path.rsplit("/", 1)[-1]
+            if name in self.served_bytes_override:
+                send_body(handler, 200, self.served_bytes_override[name])
+                return True
+            if bazel_cut_due(handler, self.bazel_cuts, name):
+                send_cut_short(handler, (self.root / handler.path.lstrip("/")).read_bytes())
+                return True
+            return False
 
-        class Handler(SimpleHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                """Keep test output quiet."""
-
-            def do_GET(self) -> None:
-                repo.requests[self.path] += 1
-                name = self.path.rsplit("/", 1)[-1]
-                if name in repo.served_bytes_override:
-                    body = repo.served_bytes_override[name]
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                if bazel_cut_due(self, repo.bazel_cuts, name):
-                    send_cut_short(self, (repo.root / self.path.lstrip("/")).read_bytes())
-                    return
-                super().do_GET()
-
-        self._server, self._thread = start_loopback(partial(Handler, directory=str(self.root)))
-        host, port = self._server.server_address[:2]
-        self.url = f"http://{host}:{port}/"
+        self._serve(answer)
+        self.url = f"{self.base}/"
         self.sources.write_text(f"deb [trusted=yes] {self.url} ./\n")
         self.archives = f"debian={self.url}"
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        stop_loopback(self._server, self._thread)
 
-    def deb_requests(self) -> int:
-        """How many .deb downloads the server answered."""
-        return sum(n for path, n in self.requests.items() if path.endswith(".deb"))
-
-
-class SnapshotArchive:
+class SnapshotArchive(LoopbackFiles):
     """Debian's snapshot archive in small, on loopback: ``debs`` per archive name under one time stamp
     (``<url>/archive/<archive>/<timestamp>/<pool path>``) and the machine-readable API's
     ``/mr/binary/<package>/<version>/binfiles?fileinfo=1`` (sha1 and ``first_seen`` of each file)."""
@@ -334,43 +361,20 @@ class SnapshotArchive:
                         "size": deb.stat().st_size,
                     }
                 ]
-        self.requests: Counter[str] = Counter()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def __enter__(self) -> SnapshotArchive:
-        snapshot = self
+        def answer(handler: SimpleHTTPRequestHandler) -> bool:
+            if not handler.path.startswith("/mr/"):
+                return False
+            found = self.binfiles.get(urllib.parse.unquote(handler.path))
+            body = json.dumps(found).encode() if found else b'{"error": "not found"}'
+            send_body(handler, 200 if found else 404, body, "application/json")
+            return True
 
-        class Handler(SimpleHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                """Keep test output quiet."""
-
-            def do_GET(self) -> None:
-                snapshot.requests[self.path] += 1
-                if self.path.startswith("/mr/"):
-                    answer = snapshot.binfiles.get(urllib.parse.unquote(self.path))
-                    body = json.dumps(answer).encode() if answer else b'{"error": "not found"}'
-                    self.send_response(200 if answer else 404)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                super().do_GET()
-
-        self._server, self._thread = start_loopback(partial(Handler, directory=str(self.root)))
-        host, port = self._server.server_address[:2]
-        self.url = f"http://{host}:{port}"
+        self._serve(answer)
+        self.url = self.base
         return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        stop_loopback(self._server, self._thread)
-
-    def deb_requests(self) -> int:
-        """How many .deb downloads the server answered."""
-        return sum(n for path, n in self.requests.items() if path.endswith(".deb"))
 
 
 def materialize(tree: Path, links: Path, dirs: Path, dest: Path) -> None:
