@@ -19,6 +19,9 @@
 #   q  run p on vLLM's FlashMLA class (the control of the candidate patch)
 #   w  run c with a test model of hidden size 2048 (V4_HIDDEN=2048), which the fused mHC kernel covers,
 #      and vLLM unpatched: if it serves, the failure is the 512 test model's, not V4 + DSpark's
+#   m  the served matrix with the candidate patch applied: h200.sh serve-dsv4-dspark (CUDA graphs, seeded
+#      non-flat weights, the sampler's NaN count): FlashMLA's non-speculative reference, then target and
+#      draft on our class at 1 and 8 clients, each lossless against it
 # RUNs default to "a z f y"; the mHC runs of section 6b: "c w p q" (u instead of p if the patch does not apply). Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
 # RESULTS/NAME.log; then the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
 # CACHES=DIR first restores the caches a previous machine saved (bench/live/device.sh restore DIR).
@@ -64,8 +67,18 @@ PY
     if [ "$mismatch" != 0 ]; then SPARKSEAL_DSPARK_KERNEL_BLOCKS=1 run k CUSTOM 0; fi
 }
 candidate=bench/vllm_backend/candidates/0004-mhc-small-batch-fused-kernel-coverage.patch
-with_candidate() { # NAME BACKEND SEED: run with the candidate patch applied to the staged vLLM, then restore it
-    local site files=() f
+matrix() { # NAME
+    local name=$1 t0=$SECONDS
+    echo "== $name (serve-dsv4-dspark, seeded weights, CUDA graphs) $(date +%T)"
+    V4_SERVE_ARGS="--site $PWD/bench/vllm_backend/hooks --env SPARKSEAL_SEEDED_WEIGHTS=1 --env SPARKSEAL_SAMPLER_NAN=1" \
+        bench/vllm_backend/h200.sh serve-dsv4-dspark "$results/$name" 0 CUSTOM >"$results/$name.log" 2>&1
+    echo "== $name: exit $? after $((SECONDS - t0)) s"
+    grep -h "healthy after\|live-check exit\|not healthy\|exited with status\|ok$\|FINDINGS\|speculation\|lossless\|prefix-cache\|sampler-nan\|announced" \
+        "$results/$name.log" | cut -c1-400 | head -60
+}
+with_candidate() { # FUNCTION NAME ...: FUNCTION NAME ... with the candidate patch applied to the staged vLLM, then restore it
+    local site files=() f fn=$1
+    shift
     site=$(PYTHONPATH=/tmp/sparkseal-stage/ours:/tmp/sparkseal-stage/deps "${PYTHON:-python3}" -c \
         'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("vllm").origin).parent.parent)') ||
         { echo "== $1: the staged vLLM was not found"; return; }
@@ -76,7 +89,7 @@ with_candidate() { # NAME BACKEND SEED: run with the candidate patch applied to 
 from sparkseal.core.patchset import apply_patch
 print(apply_patch(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))' "$site" "$candidate"; then
         echo "== $1: $candidate applied to $site"
-        run "$@"
+        "$fn" "$@"
     else
         echo "== $1: $candidate does not apply to $site; not run"
     fi
@@ -98,8 +111,9 @@ for name in $runs; do
     y) SPARKSEAL_ZERO_KV_AFTER_WARMUP=1 START_DEADLINE=$first run y FLASHMLA_SPARSE_DSV4 0 ;;
     c) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first run c CUSTOM 0 ;;
     u) SPARKSEAL_MHC_CHECK=1 SPARKSEAL_MHC_UNFUSED_SMALL=1 START_DEADLINE=$first run u CUSTOM 0 ;;
-    p) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate p CUSTOM 0 ;;
-    q) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate q FLASHMLA_SPARSE_DSV4 0 ;;
+    p) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate run p CUSTOM 0 ;;
+    q) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate run q FLASHMLA_SPARSE_DSV4 0 ;;
+    m) with_candidate matrix m ;;
     w) V4_HIDDEN=2048 SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first run w CUSTOM 0 ;;
     *) echo "v4_probe_runs: unknown run $name" >&2 ;;
     esac
