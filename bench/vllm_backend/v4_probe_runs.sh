@@ -19,7 +19,7 @@
 #   q  run p on vLLM's FlashMLA class (the control of the candidate patch)
 #   w  run c with a test model of hidden size 2048 (V4_HIDDEN=2048), which the fused mHC kernel covers,
 #      and vLLM unpatched: if it serves, the failure is the 512 test model's, not V4 + DSpark's
-#   m  the served matrix with the candidate patch applied: h200.sh serve-dsv4-dspark (CUDA graphs, seeded
+#   m  (only where run p, if it ran first, passed) the served matrix with the candidate patch applied: h200.sh serve-dsv4-dspark (CUDA graphs, seeded
 #      non-flat weights, the sampler's NaN count): FlashMLA's non-speculative reference, then target and
 #      draft on our class at 1 and 8 clients, each lossless against it
 # RUNs default to "a z f y"; the mHC runs of section 6b: "c w p q" (u instead of p if the patch does not apply). Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
@@ -34,7 +34,8 @@ run() { # NAME BACKEND SEED
     local name=$1 backend=$2 seed=$3 t0=$SECONDS
     echo "== $name ($backend, seed $seed) $(date +%T)"
     bench/vllm_backend/h200.sh nan-dsv4-dspark "$results/$name" 1 "$backend" "$seed" "$soak" >"$results/$name.log" 2>&1
-    echo "== $name: exit $? after $((SECONDS - t0)) s"
+    echo $? >"$results/$name.rc"
+    echo "== $name: exit $(cat "$results/$name.rc") after $((SECONDS - t0)) s"
     # A summary for the console: a run whose log has none of these lines has said why above.
     grep -h "healthy after\|live-check exit\|not healthy\|exited with status" "$results/$name.log" || true
     local logs=("$results/$name"/serve-dsv4/*.server.log)
@@ -113,7 +114,14 @@ for name in $runs; do
     u) SPARKSEAL_MHC_CHECK=1 SPARKSEAL_MHC_UNFUSED_SMALL=1 START_DEADLINE=$first run u CUSTOM 0 ;;
     p) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate run p CUSTOM 0 ;;
     q) SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first with_candidate run q FLASHMLA_SPARSE_DSV4 0 ;;
-    m) with_candidate matrix m ;;
+    m)
+        # The matrix only where run p (the same patch, one client) served, when it ran before.
+        if [ -f "$results/p.rc" ] && [ "$(cat "$results/p.rc")" != 0 ]; then
+            echo "== m: not run (run p failed)"
+        else
+            with_candidate matrix m
+        fi
+        ;;
     w) V4_HIDDEN=2048 SPARKSEAL_MHC_CHECK=1 START_DEADLINE=$first run w CUSTOM 0 ;;
     *) echo "v4_probe_runs: unknown run $name" >&2 ;;
     esac
