@@ -35,8 +35,9 @@ shares the target's embedding and LM head.
 ``--hidden`` is the hidden size (default 512, the size of every run recorded so far). vLLM 0.25.1's fused
 hyper-connection kernel for steps of at most 16 tokens (``mhc_fused_tilelang``) gives each of its 256
 threads ``hidden / split / 256`` elements (split 8 or 4, ``fused_mhc_uncovered``), rounded down: at 512
-it writes none of the new residual (bench/results/vllm_backend.md 6b). 2048 is the smallest size it
-covers; DeepSeek V4's own sizes are covered.
+it writes none of the new residual (bench/results/vllm_backend.md 6b, 7). 2048 is the smallest size it
+covers; DeepSeek V4's own sizes are covered. Our series' patch 0004 sends the uncovered steps to vLLM's
+separate kernels, so a vLLM built by this repository serves 512 too.
 
     python3 bench/vllm_backend/model_dsv4.py --out /tmp/dsv4 --heads 16 --topk 512 [--hidden 2048] [--dspark]
     # -> /tmp/dsv4/target/config.json (and draft/config.json); vLLM serves it with --load-format dummy
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     if uncovered:
         print(
             f"model_dsv4: hidden size {args.hidden}: vLLM 0.25.1's fused mHC kernel (steps of at most 16 "
-            f"tokens) leaves part of the new residual unwritten at split {'/'.join(map(str, uncovered))}",
+            f"tokens) leaves part of the new residual unwritten at split {'/'.join(map(str, uncovered))} "
+            "(patch 0004 of our series routes such steps to the separate kernels)",
             file=sys.stderr,
         )
     for path in write(args.out, args.heads, args.topk, args.dspark, args.hidden):

@@ -52,6 +52,7 @@ def test_x86_64_wheel_carries_the_fix_and_upstream_binaries(
         "0001-dspark-graph-replay-safety.patch",
         "0002-deepseek-v4-custom-attention-backend.patch",
         "0003-sparse-indexer-clamp-padded-decode-lengths.patch",
+        "0004-deepseek-v4-mhc-small-batch-fused-kernel-coverage.patch",
     ]
     assert "if backend == AttentionBackendEnum.CUSTOM:" in dsv4
     assert "CUSTOM is not a DeepSeek V4 attention backend" in dsv4
