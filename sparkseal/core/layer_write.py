@@ -22,9 +22,10 @@ from sparkseal.core.pzstd import LEVEL as ZSTD_LEVEL
 from sparkseal.core.pzstd import ParallelZstdWriter, describe
 from sparkseal.core.tar import Digesting, TarWriter, Writable
 
-# gzip level of layer blobs. On the vLLM + torch trees (bench/results/compression.md) level 6 is 0.8% larger
-# than level 9 for a quarter of its CPU time, and 12% smaller than level 1.
-GZIP_LEVEL = 6
+# gzip level of layer blobs. On the whole linux/arm64 image (bench/results/compression.md, "The level of a
+# whole image") level 1 takes 0.45x the CPU time of level 6 for a 6.5% larger image: the torch layer, most of
+# the bytes, is compiled code that no level compresses much. Builds run far more often than pulls.
+GZIP_LEVEL = 1
 # What the blob's bytes depend on besides the tar (the worker count is not among them): recorded in the
 # layer's descriptor so a rebuild can use the same settings. A zstd blob's also names the library.
 COMPRESSION = {"format": "gzip", "level": GZIP_LEVEL, "block_size": BLOCK_SIZE, "dictionary": DICTIONARY_SIZE}
