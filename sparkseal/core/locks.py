@@ -88,10 +88,16 @@ class LockedFile:
 
 
 @dataclass(frozen=True)
-class VllmLock:
-    """The ``vllm`` lock: a vLLM release, its commit, its sdist and its upstream wheel per platform."""
+class Lock:
+    """What every lock holds: the format of its kind it is written in (:data:`FORMATS`)."""
 
     format: int
+
+
+@dataclass(frozen=True)
+class VllmLock(Lock):
+    """The ``vllm`` lock: a vLLM release, its commit, its sdist and its upstream wheel per platform."""
+
     name: str
     version: str
     commit: str
@@ -108,10 +114,9 @@ class ToolWheel:
 
 
 @dataclass(frozen=True)
-class WheelsLock:
+class WheelsLock(Lock):
     """The ``wheels`` lock: project -> its version and wheels."""
 
-    format: int
     wheels: dict[str, ToolWheel]
 
 
@@ -125,11 +130,10 @@ class PythonWheel:
 
 
 @dataclass(frozen=True)
-class PythonLock:
+class PythonLock(Lock):
     """The ``python`` lock (a requirements file's sidecar): its platform, its requirements file, and
     project -> wheel."""
 
-    format: int
     platform: str
     requirements: str
     wheels: dict[str, PythonWheel]
@@ -158,10 +162,9 @@ class DebianPackage:
 
 
 @dataclass(frozen=True)
-class DebianLock:
+class DebianLock(Lock):
     """The ``debian`` lock: one architecture's packages of one suite, and the roots they close over."""
 
-    format: int
     architecture: str
     suite: str
     roots: tuple[str, ...]
@@ -406,7 +409,7 @@ def parse_debian_lock(
     )
 
 
-PARSERS: dict[str, Callable[[Any, object], Any]] = {
+PARSERS: dict[str, Callable[[Any, object], Lock]] = {
     "vllm": parse_vllm_lock,
     "wheels": parse_wheels_lock,
     "python": parse_python_lock,
@@ -424,7 +427,7 @@ def load(path: Path) -> Any:
         raise LockError(f"{path}: expected a JSON lock, actual unreadable content: {error}") from None
 
 
-def read_lock(kind: str, path: Path) -> Any:
+def read_lock(kind: str, path: Path) -> Lock:
     """The lock of ``kind`` (a key of :data:`FORMATS`) at ``path``, read by that kind's reader."""
     if kind not in PARSERS:
         raise ValueError(f"unknown lock kind {kind!r}: expected one of {', '.join(PARSERS)}")

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from sparkseal.core import locks
-from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+from tests.bazel_util import BAZEL, REPO, starlark_workspace
 from tests.lock_cases import BROKEN
 from tests.lock_cases import locks as third_party_locks
 
@@ -53,12 +52,6 @@ def _as_json(value: object) -> object:
 @pytest.mark.bazel
 @pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)")
 def test_both_readers_return_the_same_locks_and_refuse_the_same_faults(tmp_path: Path) -> None:
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "WORKSPACE").write_text('workspace(name = "locks")\n')
-    for name in ("locks.bzl", "platforms.bzl"):
-        shutil.copy(REPO / "rules/private" / name, root / name)
-    (root / "probe.bzl").write_text(PROBE)
     good = dict(enumerate(sorted(third_party_locks().items())))
     build = ['load(":probe.bzl", "lock_probe")\n']
     for index, (rel, kind) in good.items():
@@ -66,8 +59,8 @@ def test_both_readers_return_the_same_locks_and_refuse_the_same_faults(tmp_path:
     for case in BROKEN:
         text = json.dumps(case.document(), indent=2)
         build.append(_target(f"broken_{case.id}", case.kind, text, f"{case.id}/{case.rel}"))
-    (root / "BUILD").write_text("\n".join(build))
-    ws = Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
+    files = {"probe.bzl": PROBE, "BUILD": "\n".join(build)}
+    ws = starlark_workspace(tmp_path, "locks", ["locks.bzl", "platforms.bzl"], files)
     try:
         result = ws.bazel("build", "--keep_going", "//:all")
         outputs = {index: ws.bin_path(f"lock_{index}.json") for index in good}
