@@ -224,6 +224,19 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def starlark_workspace(tmp_path: Path, name: str, copies: Sequence[str], files: dict[str, str]) -> Workspace:
+    """A scratch workspace under ``tmp_path`` for the test of a Starlark twin: ``rules/private/<copy>`` of
+    each of ``copies`` and ``files`` (name -> text) at its root, and no other file of ours."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "WORKSPACE").write_text(f'workspace(name = "{name}")\n')
+    for copy in copies:
+        shutil.copy(REPO / "rules/private" / copy, root / copy)
+    for rel, text in files.items():
+        (root / rel).write_text(text)
+    return Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
+
+
 def make_fixture_workspace(root: Path, workspace: str = FIXTURE_WORKSPACE, module: str | None = None) -> None:
     """Copy the rules and action programs into ``root`` and write a fixture WORKSPACE and .bazelrc; with
     ``module`` (``fixture_module()``), also that MODULE.bazel and the repository's WORKSPACE.bzlmod."""

@@ -16,8 +16,8 @@ import shutil
 import urllib.request
 from pathlib import Path
 
+from sparkseal.core.locks import read_debian_lock
 from sparkseal.fetch.debian_archive import locked_urls
-from sparkseal.fetch.lock_debian import read_lock
 
 REPO = Path(__file__).resolve().parent.parent
 STORE = Path.home() / ".cache" / "sparkseal" / "repository"
@@ -36,7 +36,7 @@ def toolchain_lock(kind: str = "python") -> Path:
 
 def _fill_store(lock: Path) -> list[str]:
     """Put every .deb of ``lock`` into the user's repository cache; return their sha256s."""
-    _, debs = read_lock(lock)
+    debs = read_debian_lock(lock).packages
     missing = [deb for deb in debs if not _cas(STORE, deb.sha256).is_file()]
     if missing:
         urls = locked_urls(lock, [deb.package for deb in missing])

@@ -23,6 +23,7 @@ their directories are the toolkit root and the import root.
 """
 
 load(":common.bzl", "apparent_repo_name", "label_string")
+load(":locks.bzl", "locked_wheel", "parse_wheels_lock")
 load(":platforms.bzl", "HOST_PLATFORMS", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
@@ -42,37 +43,25 @@ def _host_platform(rctx):
     return host_platform(rctx, "cuda_toolkit %s (the lock %s pins host tools)" % (rctx.name, rctx.attr.lock))
 
 def _locked(rctx, lock, project, platform):
-    wheels = lock.get("wheels", {})
-    files = wheels.get(project, {}).get("files", {})
-    entry = files.get(platform)
-    if type(entry) != "dict" or type(entry.get("filename")) != "string" or type(entry.get("sha256")) != "string":
-        fail("sparkseal: %s: expected a wheel of %r for %r (wheels.%s.files.%s.{filename,sha256}), got %r" % (
-            label_string(rctx.attr.lock),
-            project,
-            platform,
-            project,
-            platform,
-            entry,
-        ))
-    return entry
+    return locked_wheel(lock, project, platform, label_string(rctx.attr.lock))
 
 def _fetch(rctx, lock, project, platform):
     """Downloads one locked wheel as a .zip (so that rctx.extract knows its format); returns (path, entry)."""
     entry = _locked(rctx, lock, project, platform)
-    archive = "_wheels/%s.zip" % entry["filename"]
-    download_locked_file(rctx, entry["filename"], entry["sha256"], archive)
+    archive = "_wheels/%s.zip" % entry.filename
+    download_locked_file(rctx, entry.filename, entry.sha256, archive)
     return archive, entry
 
 def _unpack(rctx, lock, used, project, platform, parts):
     """Unpacks `parts` ((prefix inside the wheel, output directory) pairs) of one locked wheel."""
     archive, entry = _fetch(rctx, lock, project, platform)
-    used[entry["filename"]] = entry["sha256"]
+    used[entry.filename] = entry.sha256
     for prefix, output in parts:
         rctx.extract(archive, output = output, stripPrefix = prefix)
     rctx.delete(archive)
 
 def _cuda_toolkit_impl(rctx):
-    lock = json.decode(rctx.read(rctx.attr.lock))
+    lock = parse_wheels_lock(rctx.read(rctx.attr.lock), label_string(rctx.attr.lock))
     host = _host_platform(rctx)
     all_includes = [
         (_WHEEL_ROOT + "include", "cuda/targets/%s/include" % d)
@@ -90,7 +79,7 @@ def _cuda_toolkit_impl(rctx):
         ])
     _unpack(rctx, lock, used, "nvidia-cuda-cuobjdump", host, [(_WHEEL_ROOT + "bin", "cuobjdump/bin")])
     _unpack(rctx, lock, used, "cmake", host, [("cmake/data", "cmake")])
-    ninja_version = _locked(rctx, lock, "ninja", host)["filename"].split("-")[1]
+    ninja_version = _locked(rctx, lock, "ninja", host).filename.split("-")[1]
     _unpack(rctx, lock, used, "ninja", host, [("ninja-%s.data/scripts" % ninja_version, "ninja/bin")])
     python_used = {}
     for project in _PURE_PYTHON:

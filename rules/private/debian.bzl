@@ -28,6 +28,7 @@ write (or upload to a remote cache) the unpacked base OS beside its layer.
 """
 
 load(":common.bzl", "ACTION_ENV", "apparent_repo_name", "label_string", "tool")
+load(":locks.bzl", "parse_debian_lock")
 load(
     ":pypi_download.bzl",
     "REPOSITORY_CACHE_ENV",
@@ -44,9 +45,6 @@ load(
 # repository cache when not .bazelrc's.
 DEBIAN_ENVIRON = ["SPARKSEAL_DEBIAN_ARCHIVES", "SPARKSEAL_DEBIAN_SNAPSHOT", "NETRC", REPOSITORY_CACHE_ENV]
 
-# The Debian lock's format (sparkseal.fetch.lock_debian.LOCK_FORMAT): 3 adds each package's `snapshot`.
-LOCK_FORMAT = 3
-
 _RESERVED_TARGETS = ["debs", "lock"]
 
 DebianRootfsInfo = provider(
@@ -61,62 +59,20 @@ DebianRootfsInfo = provider(
     },
 )
 
-def _entries(rctx, lock):
-    packages = lock.get("packages") if type(lock) == "dict" else None
-    if type(packages) != "list" or not packages:
-        fail("sparkseal: %s: expected a non-empty list `packages`, got %r" % (label_string(rctx.attr.lock), packages))
-    if lock.get("format") != LOCK_FORMAT:
-        fail(("sparkseal: %s: field `format`: expected %d (each package with its archive, path and snapshot " +
-              "time stamp), actual %r: rewrite it with `sparkseal lock debian --keep-versions`") % (
-            label_string(rctx.attr.lock),
-            LOCK_FORMAT,
-            lock.get("format"),
-        ))
-    names = {}
-    for entry in packages:
-        for key in ["package", "version", "architecture", "filename", "sha256", "archive", "path", "snapshot"]:
-            if type(entry.get(key)) != "string" or not entry[key]:
-                fail("sparkseal: %s: package entry %r: expected a non-empty string %r" % (label_string(rctx.attr.lock), entry, key))
-        if not _is_timestamp(entry["snapshot"]):
-            fail("sparkseal: %s: %s: field `snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, actual %r" % (
-                label_string(rctx.attr.lock),
-                entry["package"],
-                entry["snapshot"],
+def read_debian_lock(rctx):
+    """The Debian lock `rctx.attr.lock`, read by `parse_debian_lock` (rules/private/locks.bzl); no package
+    may take the name of a target of the repository (`:debs`, `:lock`)."""
+    where = label_string(rctx.attr.lock)
+    lock = parse_debian_lock(rctx.read(rctx.attr.lock), where)
+    for index, entry in enumerate(lock.packages):
+        if entry.package in _RESERVED_TARGETS:
+            fail("sparkseal: %s: field `packages[%d].package`: expected a name other than %s (targets of the repository), actual %s" % (
+                where,
+                index,
+                " and ".join(_RESERVED_TARGETS),
+                json.encode(entry.package),
             ))
-        sha256 = entry["sha256"]
-        if len(sha256) != 64 or [c for c in sha256.elems() if c not in "0123456789abcdef"]:
-            fail("sparkseal: %s: %s: locked sha256 %r is not 64 lowercase hex digits" % (
-                label_string(rctx.attr.lock),
-                entry["package"],
-                sha256,
-            ))
-        if "/" in entry["filename"] or not entry["filename"].endswith(".deb"):
-            fail("sparkseal: %s: %s: expected a .deb file name, got %r" % (
-                label_string(rctx.attr.lock),
-                entry["package"],
-                entry["filename"],
-            ))
-        path = entry["path"]
-        if path.startswith("/") or ".." in path.split("/") or not path.endswith("/" + entry["filename"]):
-            fail("sparkseal: %s: %s: expected a relative path without '..' ending in /%s, got %r" % (
-                label_string(rctx.attr.lock),
-                entry["package"],
-                entry["filename"],
-                path,
-            ))
-        if entry["package"] in names or entry["package"] in _RESERVED_TARGETS:
-            fail("sparkseal: %s: package name %r is listed twice or clashes with a target of the repository" % (
-                label_string(rctx.attr.lock),
-                entry["package"],
-            ))
-        names[entry["package"]] = True
-    return packages
-
-def _is_timestamp(value):
-    """Whether `value` is a snapshot time stamp, YYYYMMDDTHHMMSSZ (sparkseal.fetch.debian_snapshot)."""
-    if len(value) != 16 or value[8] != "T" or value[15] != "Z":
-        return False
-    return not [c for c in (value[:8] + value[9:15]).elems() if c not in "0123456789"]
+    return lock
 
 def _resolve(rctx, missing):
     """Package -> URLs for the `missing` entries: each archive's base URL joined to the locked path, then
@@ -124,7 +80,7 @@ def _resolve(rctx, missing):
     result = run_python_helper(
         rctx,
         "sparkseal.fetch.debian_archive",
-        ["urls", "--lock", str(rctx.path(rctx.attr.lock))] + [e["package"] for e in missing],
+        ["urls", "--lock", str(rctx.path(rctx.attr.lock))] + [e.package for e in missing],
     )
     if result.return_code != 0:
         fail("%s\n(while fetching @%s)" % (result.stderr.strip() or result.stdout.strip(), apparent_repo_name(rctx.name)))
@@ -144,22 +100,23 @@ def _credentials(rctx, urls):
         fail("%s\n(while fetching @%s)" % (result.stderr.strip(), apparent_repo_name(rctx.name)))
     return json.decode(result.stdout)
 
-def fetch_debs(rctx):
-    """Fetch every .deb of the lock `rctx.attr.lock` into `debs/`, verified; return the lock's entries.
+def fetch_debs(rctx, lock):
+    """Fetch every .deb of `lock` (read_debian_lock's, of `rctx.attr.lock`) into `debs/`, verified; return
+    the lock's packages.
 
     The repository cache first (no network), then each archive's base URL joined to the locked path, then
     the snapshot archive at the locked time stamp (a mirror drops superseded versions; the snapshot keeps
     them): one Bazel download with both URLs, each checked against the locked sha256.
     """
-    packages = _entries(rctx, json.decode(rctx.read(rctx.attr.lock)))
+    packages = lock.packages
     missing = []
     for entry in packages:
-        if not from_repository_cache(rctx, entry["filename"], entry["sha256"], "debs/" + entry["filename"]):
+        if not from_repository_cache(rctx, entry.filename, entry.sha256, "debs/" + entry.filename):
             missing.append(entry)
     if missing and downloads_disabled(rctx):
         fail(offline_miss_message(
             rctx,
-            [("%s=%s (%s)" % (e["package"], e["version"], e["filename"]), e["sha256"]) for e in missing],
+            [("%s=%s (%s)" % (e.package, e.version, e.filename), e.sha256) for e in missing],
             "locked in %s" % label_string(rctx.attr.lock),
         ))
     if missing:
@@ -167,24 +124,24 @@ def fetch_debs(rctx):
         urls = _resolve(rctx, missing)
         targets = _credentials(rctx, [url for found in urls.values() for url in found])
         for entry in missing:
-            rctx.report_progress("downloading %s" % entry["filename"])
+            rctx.report_progress("downloading %s" % entry.filename)
             auth = {}
-            for url in urls[entry["package"]]:
+            for url in urls[entry.package]:
                 auth.update(targets[url]["auth"])
             download_verified(
                 rctx,
-                entry["filename"],
-                [targets[url]["url"] for url in urls[entry["package"]]],
-                "debs/" + entry["filename"],
-                entry["sha256"],
+                entry.filename,
+                [targets[url]["url"] for url in urls[entry.package]],
+                "debs/" + entry.filename,
+                entry.sha256,
                 auth,
-                subject = "%s=%s (%s)" % (entry["package"], entry["version"], entry["filename"]),
+                subject = "%s=%s (%s)" % (entry.package, entry.version, entry.filename),
                 locked = "locked in %s" % rctx.attr.lock,
             )
     return packages
 
 def _debian_packages_impl(rctx):
-    packages = fetch_debs(rctx)
+    packages = fetch_debs(rctx, read_debian_lock(rctx))
 
     rctx.symlink(rctx.attr.lock, "lock.json")
     lines = [
@@ -197,12 +154,12 @@ def _debian_packages_impl(rctx):
         "filegroup(",
         '    name = "debs",',
         "    srcs = [",
-    ] + ['        "debs/%s",' % e["filename"] for e in packages] + [
+    ] + ['        "debs/%s",' % e.filename for e in packages] + [
         "    ],",
         ")",
         "",
     ] + [
-        'filegroup(name = "%s", srcs = ["debs/%s"])' % (e["package"], e["filename"])
+        'filegroup(name = "%s", srcs = ["debs/%s"])' % (e.package, e.filename)
         for e in packages
     ]
     rctx.file("BUILD", "\n".join(lines) + "\n")

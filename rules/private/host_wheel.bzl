@@ -14,30 +14,23 @@ Targets: `:site` (the unpacked files; the directory is `<repository>/site`).
 """
 
 load(":common.bzl", "apparent_repo_name", "label_string")
+load(":locks.bzl", "locked_wheel", "parse_wheels_lock")
 load(":platforms.bzl", "host_platform")
 load(":pypi_download.bzl", "INDEX_ENVIRON", "download_locked_file")
 
 def locked_host_wheel(rctx, project, purpose):
     """The lock entry of `project`'s wheel for this build host: struct(filename, sha256, version, platform).
 
-    The lock is `rctx.attr.lock`, written by `sparkseal.fetch.lock_wheels`; a missing entry fails naming
-    the lock and the field.
+    The lock is `rctx.attr.lock`, a `wheels` lock (rules/private/locks.bzl) written by
+    `sparkseal.fetch.lock_wheels`; a missing entry fails naming the lock and the field.
     """
-    pinned = json.decode(rctx.read(rctx.attr.lock)).get("wheels", {}).get(project, {})
+    where = label_string(rctx.attr.lock)
     platform = host_platform(rctx, purpose)
-    entry = pinned.get("files", {}).get(platform)
-    if type(entry) != "dict" or type(pinned.get("version")) != "string":
-        fail("sparkseal: %s: expected wheels.%s.version and wheels.%s.files.%s.{filename,sha256}, got %r" % (
-            label_string(rctx.attr.lock),
-            project,
-            project,
-            platform,
-            pinned,
-        ))
+    entry = locked_wheel(parse_wheels_lock(rctx.read(rctx.attr.lock), where), project, platform, where)
     return struct(
-        filename = entry["filename"],
-        sha256 = entry["sha256"],
-        version = pinned["version"],
+        filename = entry.filename,
+        sha256 = entry.sha256,
+        version = entry.version,
         platform = platform,
     )
 

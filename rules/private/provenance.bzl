@@ -17,7 +17,7 @@ BuildSettingInfo = provider(
     fields = {"value": "string"},
 )
 
-# What the provenance records of the Bazel that runs (internalParameters.bazel, sparkseal/core/locks.py):
+# What the provenance records of the Bazel that runs (internalParameters.bazel, sparkseal/core/slsa.py):
 # only what was seen. REPORTED_BAZEL_RELEASE: the release Bazel reports to a BUILD file's .bzl
 # (`native.bazel_version`), "" when it reports none: Bazel 4.2.3 offers no such field there, and Debian's
 # bazel-bootstrap builds know no release at all (`bazel info release` says "development version"), so on

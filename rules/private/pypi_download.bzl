@@ -7,6 +7,7 @@ repository cache, ``--distdir`` and mirror rewriting, and a wrong hash never lan
 
 load(":common.bzl", "apparent_repo_name")
 load(":helpers.bzl", "HELPER_SOURCES")
+load(":locks.bzl", "check_sha256")
 
 # NETRC names the netrc file that holds index credentials (else ~/.netrc): a change re-runs the lookup.
 INDEX_ENVIRON = ["PIP_INDEX_URL", "PIP_CONFIG_FILE", "NETRC", "SPARKSEAL_REPOSITORY_CACHE"]
@@ -213,8 +214,7 @@ def download_locked_file(rctx, filename, sha256, output, urls = []):
     A failed download fails naming the artifact and the cause (download_verified): a mismatch with the
     expected and the actual sha256, or a failure of Bazel's downloader with Bazel's own error.
     """
-    if len(sha256) != 64:
-        fail("sparkseal: %s: locked sha256 %r is not 64 hex digits" % (filename, sha256))
+    check_sha256(sha256, filename, "sha256")
     if from_repository_cache(rctx, filename, sha256, output, urls):
         return
     if downloads_disabled(rctx):

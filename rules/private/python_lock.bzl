@@ -37,9 +37,8 @@ project that the lock does not pin.
 """
 
 load(":common.bzl", "apparent_repo_name", "label_string")
+load(":locks.bzl", "is_sha256", "parse_python_lock")
 load(":wheel_layers.bzl", "WHEEL_LAYERS", "layer_of")
-
-_HEX = "0123456789abcdef"
 
 def _normalize(name):
     out = name.lower()
@@ -54,9 +53,6 @@ def _normalize(name):
 def repo_name(hub, platform, project):
     """The repository of one locked wheel."""
     return "%s_%s_%s" % (hub, platform, _normalize(project).replace("-", "_"))
-
-def _is_sha256(value):
-    return type(value) == "string" and len(value) == 64 and not [c for c in value.elems() if c not in _HEX]
 
 def parse_requirements(text, where):
     """Parse a `--hash` requirements lock: {project: {"version", "hashes", "line"}}; fail on anything else."""
@@ -84,7 +80,7 @@ def parse_requirements(text, where):
         hashes = []
         for token in tokens[1:]:
             value = token[len("--hash=sha256:"):] if token.startswith("--hash=sha256:") else None
-            if not _is_sha256(value):
+            if not is_sha256(value):
                 fail("sparkseal: %s:%d: expected --hash=sha256:<64 lowercase hex digits>, got %r" % (where, start, token))
             hashes.append(value)
         if not hashes:
@@ -94,15 +90,19 @@ def parse_requirements(text, where):
         fail("sparkseal: %s: the last requirement ends with a line continuation" % where)
     return pins
 
-def _sidecar_wheels(sidecar, where, platform):
-    if type(sidecar) != "dict" or type(sidecar.get("wheels")) != "dict":
-        fail("sparkseal: %s: expected a JSON object with a \"wheels\" object" % where)
-    if sidecar.get("platform") != platform:
-        fail("sparkseal: %s: platform %r, expected %r (as given to python_lock)" % (where, sidecar.get("platform"), platform))
-    return sidecar["wheels"]
+def _sidecar_wheels(text, where, platform):
+    sidecar = parse_python_lock(text, where)
+    if sidecar.platform != platform:
+        fail("sparkseal: %s: field `platform`: expected %s (as given to python_lock), actual %s" % (
+            where,
+            json.encode(platform),
+            json.encode(sidecar.platform),
+        ))
+    return sidecar.wheels
 
 def check_lock(pins, wheels, lock_where, files_where):
-    """Cross-check a parsed lock and its sidecar's wheels; return [(project, version, filename, sha256)]."""
+    """Cross-check a parsed lock and its sidecar's wheels (read by `parse_python_lock`, which checked each
+    entry's form); return [(project, version, filename, sha256)]."""
     extra = sorted([p for p in wheels if p not in pins])
     if extra:
         fail("sparkseal: %s names %s, which %s does not pin" % (files_where, ", ".join(extra), lock_where))
@@ -110,17 +110,13 @@ def check_lock(pins, wheels, lock_where, files_where):
     for project in sorted(pins):
         pin = pins[project]
         entry = wheels.get(project)
-        if type(entry) != "dict":
+        if entry == None:
             fail("sparkseal: %s: no entry for %s==%s (pinned on %s:%d)" % (files_where, project, pin["version"], lock_where, pin["line"]))
-        filename = entry.get("filename")
-        if type(filename) != "string" or "/" in filename or not filename.endswith(".whl"):
-            fail("sparkseal: %s: %s: filename must be a plain *.whl name, got %r" % (files_where, project, filename))
-        if entry.get("version") != pin["version"]:
-            fail("sparkseal: %s: %s: version %r, expected %r (%s:%d)" % (files_where, project, entry.get("version"), pin["version"], lock_where, pin["line"]))
-        sha256 = entry.get("sha256")
-        if not _is_sha256(sha256) or sha256 not in pin["hashes"]:
-            fail("sparkseal: %s: %s: sha256 %r, expected one of %s (%s:%d)" % (files_where, project, sha256, ", ".join(pin["hashes"]), lock_where, pin["line"]))
-        out.append((project, pin["version"], filename, sha256))
+        if entry.version != pin["version"]:
+            fail("sparkseal: %s: %s: version %r, expected %r (%s:%d)" % (files_where, project, entry.version, pin["version"], lock_where, pin["line"]))
+        if entry.sha256 not in pin["hashes"]:
+            fail("sparkseal: %s: %s: sha256 %r, expected one of %s (%s:%d)" % (files_where, project, entry.sha256, ", ".join(pin["hashes"]), lock_where, pin["line"]))
+        out.append((project, pin["version"], entry.filename, entry.sha256))
     return out
 
 def _by_platform(hub, attr_name, mapping):
@@ -149,7 +145,7 @@ def python_pins(ctx, hub, locks, files):
     for platform in platforms:
         lock_where, files_where = label_string(locks[platform]), label_string(files[platform])
         parsed = parse_requirements(ctx.read(locks[platform]), lock_where)
-        wheels = _sidecar_wheels(json.decode(ctx.read(files[platform])), files_where, platform)
+        wheels = _sidecar_wheels(ctx.read(files[platform]), files_where, platform)
         pins[platform] = {}
         for project, version, filename, sha256 in check_lock(parsed, wheels, lock_where, files_where):
             name = repo_name(hub, platform, project)

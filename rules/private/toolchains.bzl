@@ -24,7 +24,7 @@ fetched.
 """
 
 load(":common.bzl", "apparent_repo_name", "label_string")
-load(":debian.bzl", "DEBIAN_ENVIRON", "fetch_debs")
+load(":debian.bzl", "DEBIAN_ENVIRON", "fetch_debs", "read_debian_lock")
 load(":platforms.bzl", "DEBIAN_ARCHITECTURES", "PLATFORMS", "TRIPLETS", "host_platform")
 load(":pypi_download.bzl", "run_python_helper")
 
@@ -133,16 +133,16 @@ def _cc_description(platform):
 
 def _locked_toolchain_impl(rctx):
     platform = rctx.attr.platform or host_platform(rctx, "locked_toolchain %s" % rctx.name)
-    lock = json.decode(rctx.read(rctx.attr.lock))
+    lock = read_debian_lock(rctx)
     want = DEBIAN_ARCHITECTURES[platform]
-    if lock.get("architecture") != want:
-        fail("sparkseal: %s: expected a lock for %s (%s), got architecture %r" % (
+    if lock.architecture != want:
+        fail("sparkseal: %s: field `architecture`: expected %s (a lock for %s), actual %s" % (
             label_string(rctx.attr.lock),
-            want,
+            json.encode(want),
             platform,
-            lock.get("architecture"),
+            json.encode(lock.architecture),
         ))
-    packages = fetch_debs(rctx)
+    packages = fetch_debs(rctx, lock)
     args = ["--lock", str(rctx.path(rctx.attr.lock)), "--out", str(rctx.path("unpacked")), "--triplet", TRIPLETS[platform]]
     args += ["--host-libc", "libc6"]
     if rctx.attr.kind == "python":
@@ -152,7 +152,7 @@ def _locked_toolchain_impl(rctx):
     result = run_python_helper(
         rctx,
         "sparkseal.fetch.toolchain_root",
-        args + [str(rctx.path("debs/" + e["filename"])) for e in packages],
+        args + [str(rctx.path("debs/" + e.filename)) for e in packages],
     )
     if result.return_code != 0:
         fail("%s\n(while unpacking @%s)" % (result.stderr.strip() or result.stdout.strip(), apparent_repo_name(rctx.name)))

@@ -11,44 +11,28 @@ WORKSPACE use::
 """
 
 load(":common.bzl", "label_string")
+load(":locks.bzl", "parse_vllm_lock")
 load(":platforms.bzl", "PLATFORMS")
-
-def _get(where, data, path):
-    value = data
-    for key in path.split("."):
-        if type(value) != "dict" or key not in value:
-            fail("sparkseal: %s: missing lock entry %r" % (where, path))
-        value = value[key]
-    if type(value) != "string" or not value:
-        fail("sparkseal: %s: lock entry %r must be a non-empty string, got %r" % (where, path, value))
-    return value
-
-def _sha256(where, data, path):
-    value = _get(where, data, path)
-    if len(value) != 64 or [c for c in value.elems() if c not in "0123456789abcdef"]:
-        fail("sparkseal: %s: lock entry %r must be 64 lowercase hex digits, got %r" % (where, path, value))
-    return value
 
 def vllm_pins(text, where):
     """Read a vLLM lock (JSON `text`; `where` names it in errors): the one reader of both entry points.
 
-    Returns a struct: `name`, `version`, `commit`, `wheels` (platform -> wheel filename) and `repos`, the
-    `(repository, filename, sha256)` of every locked file, each one `pypi_file`. WORKSPACE declares them
-    through the generated `repositories.bzl`, the bzlmod extension (rules/extensions.bzl) directly.
+    The lock is read by `parse_vllm_lock` (rules/private/locks.bzl). Returns a struct: `name`, `version`,
+    `commit`, `wheels` (platform -> wheel filename) and `repos`, the `(repository, filename, sha256)` of
+    every locked file, each one `pypi_file`. WORKSPACE declares them through the generated
+    `repositories.bzl`, the bzlmod extension (rules/extensions.bzl) directly.
     """
-    data = json.decode(text)
-    name = _get(where, data, "name")
-    repos = [("%s_sdist" % name, _get(where, data, "sdist.filename"), _sha256(where, data, "sdist.sha256"))]
-    wheels = {}
+    lock = parse_vllm_lock(text, where)
+    name = lock.name
+    repos = [("%s_sdist" % name, lock.sdist.filename, lock.sdist.sha256)]
     for platform in PLATFORMS:
-        filename = _get(where, data, "wheels.%s.filename" % platform)
-        wheels[platform] = filename
-        repos.append(("%s_wheel_%s" % (name, platform), filename, _sha256(where, data, "wheels.%s.sha256" % platform)))
+        wheel = lock.wheels[platform]
+        repos.append(("%s_wheel_%s" % (name, platform), wheel.filename, wheel.sha256))
     return struct(
         name = name,
-        version = _get(where, data, "version"),
-        commit = _get(where, data, "commit"),
-        wheels = wheels,
+        version = lock.version,
+        commit = lock.commit,
+        wheels = {platform: lock.wheels[platform].filename for platform in PLATFORMS},
         repos = repos,
     )
 

@@ -21,7 +21,7 @@ the same bytes:
 * ``runDetails.builder``: :data:`BUILDER_ID`, with the interpreter that runs the actions (read here at run
   time) and the Bazel release only where Bazel reported one.
 * ``buildDefinition.internalParameters.bazel``: what is known of the Bazel that ran, each in a field that says
-  how (``sparkseal.core.locks.bazel_record``): the release it reported (null for Debian's
+  how (``sparkseal.core.slsa.bazel_record``): the release it reported (null for Debian's
   ``bazel-bootstrap``, which reports none), the range inferred from its Starlark, the release the builder
   declared (null unless named with ``--//rules:bazel_version``).
 * ``runDetails.byproducts``: the wheels the build made (our vLLM wheel, the sparkseal wheel).
@@ -29,8 +29,8 @@ the same bytes:
 Dates are left out (``runDetails.metadata`` is optional); ``internalParameters`` also records
 SOURCE_DATE_EPOCH, the one date every artifact carries.
 
-The statement's types and the lock readers live in ``sparkseal.core.locks``, shared with the SBOM action
-and with ``sparkseal provenance check``.
+The statement's types live in ``sparkseal.core.slsa``, shared with the SBOM action and with ``sparkseal
+provenance check``; the locks are read by ``sparkseal.core.locks``, the one reader of each lock kind.
 
 As an action::
 
@@ -55,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkseal.core.determinism import SOURCE_DATE_EPOCH
-from sparkseal.core.locks import (
+from sparkseal.core.oci import LAYER_MEDIA_TYPES
+from sparkseal.core.repo_names import apparent_text
+from sparkseal.core.slsa import (
     BAZEL_INFERENCES,
     BUILD_TYPE,
     BUILDER_ID,
@@ -67,16 +69,14 @@ from sparkseal.core.locks import (
     ProvenanceError,
     bazel_record,
     built_wheel,
+    debian_packages,
     dumps,
     file_sha256,
-    read_debian_lock,
+    python_wheels,
     read_digest_file,
-    read_toolchain_lock,
-    read_vllm_lock,
-    read_wheel_lock,
+    tool_wheels,
+    vllm_sources,
 )
-from sparkseal.core.oci import LAYER_MEDIA_TYPES
-from sparkseal.core.repo_names import apparent_text
 from sparkseal.core.source import NO_STATUS, Source, SourceError, parse_status
 
 
@@ -167,7 +167,7 @@ def statement(inputs: Inputs) -> dict[str, Any]:
             f"--subject: expected one of each kind {', '.join(sorted(SUBJECT_KINDS))}, "
             f"found {', '.join(kinds) or 'none'}"
         )
-    vllm = read_vllm_lock(inputs.vllm_lock, inputs.platform)
+    vllm = vllm_sources(inputs.vllm_lock, inputs.platform)
     source = read_source(inputs.source_status)
     source_entry = source.descriptor()
     dependencies = [
@@ -176,28 +176,24 @@ def statement(inputs: Inputs) -> dict[str, Any]:
         vllm.sdist.descriptor(),
         vllm.wheel.descriptor(),
         *patch_descriptors(inputs.patches),
-        *(item.descriptor() for item in read_wheel_lock(inputs.python_lock, "wheel")),
-        *(item.descriptor() for item in read_debian_lock(inputs.debian_lock)),
-        *(item.descriptor() for item in read_toolchain_lock(inputs.cuda_lock)),
-        *(item.descriptor() for item in read_wheel_lock(inputs.tools_lock, "build-tool")),
+        *(item.descriptor() for item in python_wheels(inputs.python_lock, "wheel")),
+        *(item.descriptor() for item in debian_packages(inputs.debian_lock)),
+        *(item.descriptor() for item in tool_wheels(inputs.cuda_lock)),
+        *(item.descriptor() for item in python_wheels(inputs.tools_lock, "build-tool")),
     ]
     # The locked toolchains every action ran on: their packages shape the outputs like any source.
     for role, lock in (("interpreter", inputs.interpreter_lock), ("compiler", inputs.compiler_lock)):
         if lock is not None:
-            dependencies.extend(item.descriptor() for item in read_debian_lock(lock, role))
+            dependencies.extend(item.descriptor() for item in debian_packages(lock, role))
     if inputs.scanner_lock is not None:
-        dependencies.extend(
-            item.descriptor() for item in read_toolchain_lock(inputs.scanner_lock, "secret-scanner")
-        )
+        dependencies.extend(item.descriptor() for item in tool_wheels(inputs.scanner_lock, "secret-scanner"))
     if (inputs.layer_compression == "zstd") != (inputs.zstd_lock is not None):
         raise ProvenanceError(
             f"--zstd-lock: expected it exactly with zstd layers, found layer compression "
             f"{inputs.layer_compression!r} and zstd lock {inputs.zstd_lock}"
         )
     if inputs.zstd_lock is not None:
-        dependencies.extend(
-            item.descriptor() for item in read_toolchain_lock(inputs.zstd_lock, "layer-compressor")
-        )
+        dependencies.extend(item.descriptor() for item in tool_wheels(inputs.zstd_lock, "layer-compressor"))
     parameters: dict[str, Any] = {
         "cudaArchs": inputs.cuda_archs,
         "platform": inputs.platform,

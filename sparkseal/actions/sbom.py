@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkseal import __version__
-from sparkseal.core.locks import NAMESPACE, PLATFORMS, ProvenanceError, dumps
 from sparkseal.core.oci import CREATED
 from sparkseal.core.sbom import Package, SbomContent, SbomInputs, SeriesPatch, read_content
+from sparkseal.core.slsa import NAMESPACE, PLATFORMS, ProvenanceError, dumps
 
 SPDX_VERSION = "SPDX-2.3"
 DATA_LICENSE = "CC0-1.0"
@@ -50,7 +50,7 @@ DOCUMENT_ID = "SPDXRef-DOCUMENT"
 NOASSERTION = "NOASSERTION"
 CREATOR = f"Tool: sparkseal-{__version__}"
 
-# SPDXID prefix and primaryPackagePurpose per role (sparkseal.core.locks.Locked.role).
+# SPDXID prefix and primaryPackagePurpose per role (sparkseal.core.slsa.Locked.role).
 _ROLES = {
     "deb": ("Deb", "LIBRARY"),
     "wheel": ("Wheel", "LIBRARY"),

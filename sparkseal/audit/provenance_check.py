@@ -15,7 +15,7 @@ report ends with the verdict, ``PASSED`` or ``FAILED``. It also says what the st
 source (``sparkseal.core.source``): the repository and commit, a build from a dirty tree as such, or that
 the source is unknown and why. A statement that is not an in-toto Statement v1 with SLSA v1 provenance,
 whose record of the Bazel that ran or of the source is malformed
-(``sparkseal.core.locks.bazel_record_problem``, ``sparkseal.core.source.statement_source``), or an
+(``sparkseal.core.slsa.bazel_record_problem``, ``sparkseal.core.source.statement_source``), or an
 artifact that is missing, is an input error (:class:`CheckInputError`, exit 2): no verdict.
 
 A signed statement (a DSSE envelope, ``sparkseal provenance sign``) is checked with ``pubkey``: its
@@ -34,9 +34,9 @@ from typing import Any
 
 from sparkseal.core import dsse
 from sparkseal.core.digests import sha256_file, tree_digest
-from sparkseal.core.locks import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS, bazel_record_problem
 from sparkseal.core.manifest import FORMAT as MODULE_MANIFEST_FORMAT
 from sparkseal.core.oci import LayoutError, blob_path, read_image
+from sparkseal.core.slsa import PREDICATE_TYPE, STATEMENT_TYPE, SUBJECT_KINDS, bazel_record_problem
 from sparkseal.core.source import Source, SourceError, describe, statement_source
 
 PASSED, FAILED = "PASSED", "FAILED"
@@ -102,7 +102,7 @@ def _load(path: Path, content: bytes | None) -> tuple[Source | None, list[dict[s
             f"{path}: expected _type {STATEMENT_TYPE} and predicateType {PREDICATE_TYPE}, "
             f"found {found[0]!r} and {found[1]!r}"
         )
-    # The record of the Bazel that ran says only what was seen (sparkseal.core.locks): a record that
+    # The record of the Bazel that ran says only what was seen (sparkseal.core.slsa): a record that
     # states anything else, or a builder naming a release Bazel did not report, is no statement of ours.
     problem = bazel_record_problem(data)
     if problem is not None:

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sparkseal.core.locks import NAMESPACE, STATEMENT_TYPE, dumps
+from sparkseal.core.slsa import NAMESPACE, STATEMENT_TYPE, dumps
 from sparkseal.core.source import Source
 
 PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"

@@ -1,339 +1,463 @@
-"""Readers of sparkseal's lock files and the shared vocabulary of the provenance statement and the SBOM.
+"""The one Python reader of sparkseal's locks: one versioned schema per lock kind, checked in one place.
 
-Each reader fails with the file, the expected and the actual value; each locked file becomes a
-:class:`Locked` with its sha256 and package URL, as both documents describe it.
+Every lock under ``third_party/`` is data that each build starts from, read in both languages: here for
+Python (the provenance and the SBOM, the lock commands, the root file system and toolchain builders, the
+repository-rule helpers) and in ``rules/private/locks.bzl`` for Starlark (the repository rules). Both
+readers know the same kinds, formats and fields and fail with the same text, so a field means one thing
+wherever it is read; ``tests/bazel/test_locks.py`` feeds every lock of ``third_party/`` to both and
+compares what they return. The requirements files pip-tools' format gives (``requirements_*.txt``, read by
+``sparkseal.fetch.lock_python`` and ``rules/private/python_lock.bzl``) are the ecosystem's format and
+stay as they are; their ``.files.json`` sidecars are the ``python`` kind here.
+
+The kinds (:data:`FORMATS`), each with a ``format`` field that this reader checks first:
+
+- ``vllm``: ``third_party/vllm/vllm.lock.json`` (``sparkseal lock vllm``): the release, its commit, its
+  sdist and its upstream wheel per platform;
+- ``wheels``: ``third_party/{cuda,scan,zstd}/*.lock.json`` (``python3 -m sparkseal.fetch.lock_wheels``):
+  per project its version and, per platform, one wheel;
+- ``python``: ``third_party/python/*.files.json`` (``sparkseal lock python``): per pin of the requirements
+  file beside it, the one wheel the platform installs;
+- ``debian``: ``third_party/{debian,toolchains}/*.lock.json`` (``sparkseal lock debian``): the packages of
+  one architecture, each with its archive, path and snapshot time stamp.
+
+A lock that breaks its schema fails naming the file, the field, what was expected and what was found
+(:class:`LockError`); a ``format`` this reader does not know fails the same way, naming the format it
+reads. A locked sha256 is checked here only: its form by :func:`check_sha256`, a file against it by
+:func:`check_file`. The lock commands write through :func:`render_lock`, which adds the ``format`` and
+reads the document back before a byte is written, so no command writes a lock this module would refuse.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
+from typing import Any, NoReturn
 
-from sparkseal.core import platforms
 from sparkseal.core.digests import sha256_file
-from sparkseal.core.wheels import WheelError, normalize_name, parse_wheel_filename
+from sparkseal.core.platforms import DEBIAN_ARCHITECTURES, PLATFORMS
 
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
-# sparkseal has no web home of its own, so its identifiers are URNs in the project's own namespace: they
-# name the rules and the recipe, never a machine.
-NAMESPACE = "urn:sparkseal"
-BUILDER_ID = f"{NAMESPACE}:builder:bazel-rules:v1"
-BUILD_TYPE = f"{NAMESPACE}:build-type:image-pex:v1"
-
-# How a subject's digest is re-derived from the artifact on disk (sparkseal.audit.provenance_check):
-#   oci-image        the OCI layout directory; the digest of the image manifest its index.json names
-#   pex              the packed PEX directory; sha256 of its sha256sum-style listing (digests.tree_digest)
-#   module-manifest  the manifest file; sha256 of its bytes
-#   sbom             the SPDX file; sha256 of its bytes
-# The action itself reads the first two from the digest files their rules write, never the large trees.
-DIGEST_FILE_KINDS = ("oci-image", "pex")
-SUBJECT_KINDS = (*DIGEST_FILE_KINDS, "module-manifest", "sbom")
-
-PLATFORMS = tuple(sorted(platforms.PLATFORMS))
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-_PURL_SAFE = ".-_~"
-
-
-class ProvenanceError(Exception):
-    """An input is missing or malformed; the message names the file, the expected and the actual value."""
-
-
-# What a statement says of the Bazel that ran the build, in ``internalParameters.bazel``: only what was
-# seen, each in a field that says how. ``release``: the release Bazel reports of itself
-# (``native.bazel_version``), null when it reports none (Debian's bazel-bootstrap builds: `bazel info
-# release` says "development version"). ``inferred``: the range rules/private/provenance.bzl tells from the
-# Starlark the running Bazel offers, and from what. ``declared``: the release the builder named with
-# ``--//rules:bazel_version`` (nobody measured it), null when none was named. ``runDetails.builder.version``
-# names a Bazel release only when Bazel reported one.
-BAZEL_RECORD = "predicate.buildDefinition.internalParameters.bazel"
-BAZEL_INFERENCES = {
-    ">= 6.2": ">= 6.2 (from features: native.package_relative_label is present)",
-    "< 6.2": "< 6.2 (from features: native.package_relative_label is absent)",
+# The format each kind is written in now; a reader accepts exactly this one (the Debian lock's writer
+# also reads its older formats, to rewrite them: DEBIAN_OLDER_FORMATS).
+FORMATS: dict[str, int] = {"vllm": 1, "wheels": 1, "python": 1, "debian": 3}
+# What each kind is and which command rewrites it: the text after the expected format in an error.
+DESCRIPTIONS: dict[str, str] = {
+    "vllm": "a vLLM lock, written by `sparkseal lock vllm`",
+    "wheels": "a lock of tool wheels per platform, written by `python3 -m sparkseal.fetch.lock_wheels`",
+    "python": "a wheel sidecar of a requirements file, written by `sparkseal lock python`",
+    "debian": (
+        "a Debian lock, each package with its archive, path and snapshot time stamp; "
+        "`sparkseal lock debian --keep-versions` rewrites an older one"
+    ),
 }
-_BAZEL_KEYS = ("declared", "inferred", "release")
+# Debian lock formats the writer still reads to rewrite them (``--keep-versions``): 1 had no archive and
+# no path (URLs came from apt at fetch time), 2 no snapshot time stamp. The entries lack what they lacked.
+DEBIAN_OLDER_FORMATS = (1, 2)
+
+# Platforms a wheel may be locked for: a platform of the build, or any (a pure-Python wheel).
+ANY = "any"
+WHEEL_PLATFORMS = (ANY, *sorted(PLATFORMS))
+ARCHITECTURES = tuple(sorted(DEBIAN_ARCHITECTURES.values()))
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# A commit as the vLLM lock names it: in full, or abbreviated as the sdist records it (`sparkseal lock vllm`
+# writes the sdist's id and asks for the full one; the provenance takes only a full one).
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+COMMIT_EXPECTED = "7 to 40 lowercase hex digits (a commit, full or abbreviated)"
+# A Debian archive's name: a Release file's Label, lower-cased, with no space and no slash.
+ARCHIVE_NAME = re.compile(r"[a-z0-9][a-z0-9.+_-]*")
+# A time stamp of Debian's snapshot archive.
+TIMESTAMP = re.compile(r"[0-9]{8}T[0-9]{6}Z")
+
+_MISSING: Any = object()
 
 
-def bazel_record(release: str | None, inferred: str, declared: str | None) -> dict[str, str | None]:
-    """The statement's Bazel record; ``inferred`` is a key of :data:`BAZEL_INFERENCES`, empty strings are
-    null (what a build setting or a Bazel that reports nothing gives)."""
-    if inferred not in BAZEL_INFERENCES:
-        raise ProvenanceError(
-            f"--bazel-inferred: expected one of {', '.join(map(repr, BAZEL_INFERENCES))}, found {inferred!r}"
-        )
-    return {"declared": declared or None, "inferred": BAZEL_INFERENCES[inferred], "release": release or None}
-
-
-def bazel_record_problem(statement: Any) -> str | None:
-    """What is wrong with the Bazel record of ``statement`` (a parsed in-toto Statement), as
-    ``field: expected ..., found ...``; None when the record is well formed."""
-    predicate = statement.get("predicate") if isinstance(statement, dict) else None
-    definition = predicate.get("buildDefinition") if isinstance(predicate, dict) else None
-    internal = definition.get("internalParameters") if isinstance(definition, dict) else None
-    record = internal.get("bazel") if isinstance(internal, dict) else None
-    if not isinstance(record, dict) or sorted(record) != list(_BAZEL_KEYS):
-        return f"{BAZEL_RECORD}: expected an object with the keys {', '.join(_BAZEL_KEYS)}, found {record!r}"
-    for key in ("release", "declared"):
-        if record[key] is not None and (not isinstance(record[key], str) or not record[key]):
-            return f"{BAZEL_RECORD}.{key}: expected a non-empty string or null, found {record[key]!r}"
-    if record["inferred"] not in BAZEL_INFERENCES.values():
-        return (
-            f"{BAZEL_RECORD}.inferred: expected one of "
-            f"{', '.join(map(repr, BAZEL_INFERENCES.values()))}, found {record['inferred']!r}"
-        )
-    builder = (predicate.get("runDetails") or {}).get("builder") if isinstance(predicate, dict) else None
-    version = builder.get("version") if isinstance(builder, dict) else None
-    named = version.get("bazel") if isinstance(version, dict) else None
-    if named != record["release"]:
-        expected = f"{record['release']!r}" if record["release"] else "no entry (Bazel reported no release)"
-        return f"predicate.runDetails.builder.version.bazel: expected {expected}, found {named!r}"
-    return None
+class LockError(Exception):
+    """A lock breaks its schema, or a file is not the one a lock names; the message names the file, the
+    field, the expected and the actual value."""
 
 
 @dataclass(frozen=True)
-class Locked:
-    """One locked or built file: what it is, which file, and its sha256."""
+class LockedFile:
+    """One locked file: its name and its sha256."""
 
-    role: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    """What every lock holds: the format of its kind it is written in (:data:`FORMATS`)."""
+
+    format: int
+
+
+@dataclass(frozen=True)
+class VllmLock(Lock):
+    """The ``vllm`` lock: a vLLM release, its commit, its sdist and its upstream wheel per platform."""
+
     name: str
+    version: str
+    commit: str
+    sdist: LockedFile
+    wheels: dict[str, LockedFile]
+
+
+@dataclass(frozen=True)
+class ToolWheel:
+    """One project of a ``wheels`` lock: its version and its wheel per platform (``any``: pure Python)."""
+
+    version: str
+    files: dict[str, LockedFile]
+
+
+@dataclass(frozen=True)
+class WheelsLock(Lock):
+    """The ``wheels`` lock: project -> its version and wheels."""
+
+    wheels: dict[str, ToolWheel]
+
+
+@dataclass(frozen=True)
+class PythonWheel:
+    """One pin of a ``python`` lock: its version and the one wheel the platform installs."""
+
     version: str
     filename: str
     sha256: str
-    purl: str | None = None
-    extra: tuple[tuple[str, Any], ...] = ()
-
-    def descriptor(self) -> dict[str, Any]:
-        """The in-toto ResourceDescriptor of this file."""
-        entry: dict[str, Any] = {
-            "name": self.filename,
-            "digest": {"sha256": self.sha256},
-            "annotations": {"role": self.role, **dict(self.extra)},
-        }
-        if self.purl:
-            entry["uri"] = self.purl
-        return entry
-
-
-def dumps(document: Mapping[str, Any]) -> str:
-    """The canonical text of a statement or SBOM: sorted keys, indent 2, ASCII, one trailing newline."""
-    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=True, separators=(",", ": ")) + "\n"
-
-
-def pypi_purl(project: str, version: str, filename: str, sha256: str | None = None) -> str:
-    """The package URL of one file of a Python project (``pkg:pypi/NAME@VERSION?file_name=FILE``).
-
-    ``sha256`` names a file this build made, which no index serves: its ``checksum`` qualifier tells it
-    from the released file of the same name (our vLLM wheel and the upstream one share theirs).
-    """
-    return _file_purl("pypi", normalize_name(project), version, filename, sha256)
-
-
-def generic_purl(name: str, version: str, filename: str, sha256: str) -> str:
-    """The package URL of a file that no package index serves, told by its content
-    (``pkg:generic/NAME@VERSION?checksum=sha256:HEX&file_name=FILE``): a ``pkg:pypi`` one would name
-    whatever someone else publishes under that name."""
-    return _file_purl("generic", quote(name, safe=_PURL_SAFE), version, filename, sha256)
-
-
-def _file_purl(kind: str, name: str, version: str, filename: str, sha256: str | None) -> str:
-    # Qualifiers in the canonical (sorted) order of the purl specification.
-    checksum = f"checksum=sha256:{sha256}&" if sha256 else ""
-    return f"pkg:{kind}/{name}@{quote(version, safe=_PURL_SAFE)}?{checksum}file_name={quote(filename)}"
-
-
-def deb_purl(package: str, version: str, architecture: str, suite: str) -> str:
-    """The package URL of a Debian binary package (``pkg:deb/debian/NAME@VERSION?arch=..&distro=..``)."""
-    return (
-        f"pkg:deb/debian/{quote(package, safe=_PURL_SAFE)}@{quote(version, safe=_PURL_SAFE)}"
-        f"?arch={architecture}&distro={suite}"
-    )
-
-
-def load_json(path: Path) -> Any:
-    """Parse a JSON input; fail naming the file."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise ProvenanceError(f"{path}: expected a JSON file, found none") from error
-    except (OSError, ValueError) as error:
-        raise ProvenanceError(f"{path}: expected JSON, found unreadable content: {error}") from error
-
-
-def _field(data: Any, keys: str, path: Path) -> str:
-    value = data
-    for key in keys.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    if not isinstance(value, str) or not value:
-        raise ProvenanceError(f"{path}: expected a non-empty string at {keys}, found {value!r}")
-    return value
-
-
-def _sha256_field(data: Any, keys: str, path: Path) -> str:
-    value = _field(data, keys, path)
-    if not _HEX64.fullmatch(value):
-        raise ProvenanceError(f"{path}: expected 64 lowercase hex digits at {keys}, found {value!r}")
-    return value
-
-
-def _object(data: Any, key: str, path: Path) -> dict[str, Any]:
-    value = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(value, dict):
-        raise ProvenanceError(f"{path}: expected an object at {key}, found {type(value).__name__}")
-    return value
 
 
 @dataclass(frozen=True)
-class VllmLock:
-    """The vLLM lock: release, commit, sdist and the upstream wheel of one platform."""
+class PythonLock(Lock):
+    """The ``python`` lock (a requirements file's sidecar): its platform, its requirements file, and
+    project -> wheel."""
 
+    platform: str
+    requirements: str
+    wheels: dict[str, PythonWheel]
+
+
+@dataclass(frozen=True)
+class DebianPackage:
+    """One locked Debian package: the file apt would download, with its size, sha256 and place.
+
+    ``path`` is the file's path below its archive's base URL (``pool/main/z/zlib/zlib1g_...deb``),
+    ``archive`` the archive's name (``debian``, ``debian-security``) and ``snapshot`` a time stamp
+    (``YYYYMMDDTHHMMSSZ``) at which the snapshot archive holds this file: a fetch needs nothing else but
+    the base URLs of that archive and of the snapshot archive, which the build machine configures. Read
+    from an older format (:data:`DEBIAN_OLDER_FORMATS`), what that format lacked is empty.
+    """
+
+    package: str
     version: str
-    commit: str
-    sdist: Locked
-    wheel: Locked
-
-    def source(self) -> dict[str, Any]:
-        """The descriptor of the locked commit (the sdist records it; the build checks it)."""
-        return {
-            "name": "vllm",
-            "uri": f"pkg:github/vllm-project/vllm@{self.commit}",
-            "digest": {"gitCommit": self.commit},
-            "annotations": {"role": "vllm-source", "version": self.version},
-        }
+    architecture: str
+    filename: str
+    sha256: str
+    size: int
+    archive: str
+    path: str
+    snapshot: str = ""
 
 
-def read_vllm_lock(path: Path, platform: str) -> VllmLock:
-    """Read ``third_party/vllm/vllm.lock.json`` for ``platform``."""
-    data = load_json(path)
-    version, commit = _field(data, "version", path), _field(data, "commit", path)
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
-        raise ProvenanceError(f"{path}: expected a 40-hex commit at commit, found {commit!r}")
+@dataclass(frozen=True)
+class DebianLock(Lock):
+    """The ``debian`` lock: one architecture's packages of one suite, and the roots they close over."""
 
-    def entry(role: str, keys: str) -> Locked:
-        filename = _field(data, f"{keys}.filename", path)
-        return Locked(
-            role,
-            "vllm",
-            version,
-            filename,
-            _sha256_field(data, f"{keys}.sha256", path),
-            pypi_purl("vllm", version, filename),
-        )
+    architecture: str
+    suite: str
+    roots: tuple[str, ...]
+    packages: tuple[DebianPackage, ...]
 
-    return VllmLock(
-        version, commit, entry("vllm-sdist", "sdist"), entry("vllm-upstream-wheel", f"wheels.{platform}")
+
+# --- the checks every reader is made of; rules/private/locks.bzl spells each the same -----------------
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: JSON for a scalar, the kind of a container (the Starlark reader shows
+    the same, so both languages' messages agree)."""
+    if value is _MISSING:
+        return "nothing"
+    if isinstance(value, dict):
+        return "an object" if value else "an empty object"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _fail(where: object, field: str, expected: str, value: Any) -> NoReturn:
+    raise LockError(f"{where}: field `{field}`: expected {expected}, actual {_shown(value)}")
+
+
+def _join(field: str, key: str) -> str:
+    return f"{field}.{key}" if field else key
+
+
+def _object(parent: Mapping[str, Any], key: str, where: object, field: str = "") -> dict[str, Any]:
+    value = parent.get(key, _MISSING)
+    if not isinstance(value, dict):
+        _fail(where, _join(field, key), "an object", value)
+    return value
+
+
+def _list(parent: Mapping[str, Any], key: str, where: object, field: str = "") -> list[Any]:
+    value = parent.get(key, _MISSING)
+    if not isinstance(value, list):
+        _fail(where, _join(field, key), "a list", value)
+    return value
+
+
+def _string(parent: Mapping[str, Any], key: str, where: object, field: str = "") -> str:
+    value = parent.get(key, _MISSING)
+    if not isinstance(value, str) or not value:
+        _fail(where, _join(field, key), "a non-empty string", value)
+    return value
+
+
+def _filename(parent: Mapping[str, Any], key: str, where: object, field: str, suffix: str) -> str:
+    value = parent.get(key, _MISSING)
+    if not isinstance(value, str) or "/" in value or len(value) <= len(suffix) or not value.endswith(suffix):
+        _fail(where, _join(field, key), f"a {suffix} file name without '/'", value)
+    return value
+
+
+def _one_of(value: str, choices: tuple[str, ...], where: object, field: str) -> str:
+    if value not in choices:
+        _fail(where, field, f"one of {', '.join(choices)}", value)
+    return value
+
+
+def is_sha256(value: object) -> bool:
+    """Whether ``value`` is a sha256 as every lock writes it: 64 lowercase hex digits."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
+def check_sha256(value: Any, where: object, field: str) -> str:
+    """``value``, a locked sha256; fail naming ``where`` and ``field`` unless it is 64 lowercase hex digits.
+
+    The one check of a sha256's form in Python: every reader of this module, and the requirements
+    parser of ``sparkseal lock python``, call it (or :func:`is_sha256`)."""
+    if not is_sha256(value):
+        _fail(where, field, "64 lowercase hex digits", value)
+    return value
+
+
+def check_file(path: Path, sha256: str, source: str) -> None:
+    """Fail unless the file at ``path`` has the locked ``sha256`` (``source`` says where it is locked).
+
+    The one place Python compares a file's bytes with a lock: the root file system and toolchain
+    builders (each .deb), ``sparkseal lock python`` (the locked sdist) and the repository cache copy."""
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise LockError(f"{path}: sha256 mismatch: expected {sha256} ({source}), actual {actual}")
+
+
+def _file(entry: Mapping[str, Any], where: object, field: str, suffix: str) -> LockedFile:
+    return LockedFile(
+        _filename(entry, "filename", where, field, suffix),
+        check_sha256(entry.get("sha256", _MISSING), where, _join(field, "sha256")),
     )
 
 
-def read_wheel_lock(path: Path, role: str) -> list[Locked]:
-    """Every wheel of a ``*.files.json`` sidecar (``sparkseal lock python``), sorted by project."""
-    found = []
-    for project, entry in sorted(_object(load_json(path), "wheels", path).items()):
-        where = f"wheels.{project}"
-        filename = _field(entry, "filename", path / where)
-        version = _field(entry, "version", path / where)
-        found.append(
-            Locked(
-                role,
-                project,
-                version,
-                filename,
-                _sha256_field(entry, "sha256", path / where),
-                pypi_purl(project, version, filename),
-            )
-        )
+def _format(document: Any, where: object, kind: str, accepted: tuple[int, ...]) -> int:
+    """The ``format`` of a lock ``document`` (a JSON object) of ``kind``: one of ``accepted``."""
+    if not isinstance(document, dict):
+        raise LockError(f"{where}: expected a JSON object ({DESCRIPTIONS[kind]}), actual {_shown(document)}")
+    found = document.get("format", _MISSING)
+    if type(found) is not int or found not in accepted:
+        _fail(where, "format", f"{' or '.join(map(str, accepted))} ({DESCRIPTIONS[kind]})", found)
     return found
 
 
-def read_debian_lock(path: Path, role: str = "deb") -> list[Locked]:
-    """Every package of a Debian lock (``sparkseal lock debian``), sorted by package name; ``role`` says
-    what the packages are to the build (``deb``: the image's base OS; ``interpreter``, ``compiler``: the
-    build's locked toolchains)."""
-    data = load_json(path)
-    suite = _field(data, "suite", path)
-    packages = data.get("packages") if isinstance(data, dict) else None
-    if not isinstance(packages, list):
-        raise ProvenanceError(f"{path}: expected a list at packages, found {type(packages).__name__}")
-    found = []
-    for index, entry in enumerate(packages):
-        where = path / f"packages[{index}]"
-        package, version = _field(entry, "package", where), _field(entry, "version", where)
-        architecture = _field(entry, "architecture", where)
-        found.append(
-            Locked(
-                role,
-                package,
-                version,
-                _field(entry, "filename", where),
-                _sha256_field(entry, "sha256", where),
-                deb_purl(package, version, architecture, suite),
-                (("architecture", architecture),),
-            )
-        )
-    return sorted(found, key=lambda item: (item.name, item.filename))
+# --- one reader per kind ------------------------------------------------------------------------------
 
 
-def read_toolchain_lock(path: Path, role: str = "toolchain") -> list[Locked]:
-    """Every file of a tool-wheel lock (``third_party/cuda/toolchain.lock.json``, or with ``role``
-    ``secret-scanner`` ``third_party/scan/scanner.lock.json``, with ``layer-compressor``
-    ``third_party/zstd/zstandard.lock.json``; all are written by ``lock_wheels``).
+def parse_vllm_lock(document: Any, where: object) -> VllmLock:
+    """A ``vllm`` lock document (parsed JSON) read from ``where``: a wheel for every platform."""
+    version = _format(document, where, "vllm", (FORMATS["vllm"],))
+    commit = _string(document, "commit", where)
+    if not _COMMIT.fullmatch(commit):
+        _fail(where, "commit", COMMIT_EXPECTED, commit)
+    wheels = _object(document, "wheels", where)
+    for platform in sorted(wheels):
+        _one_of(platform, tuple(sorted(PLATFORMS)), where, f"wheels.{platform}")
+    return VllmLock(
+        format=version,
+        name=_string(document, "name", where),
+        version=_string(document, "version", where),
+        commit=commit,
+        sdist=_file(_object(document, "sdist", where), where, "sdist", ".tar.gz"),
+        wheels={
+            platform: _file(_object(wheels, platform, where, "wheels"), where, f"wheels.{platform}", ".whl")
+            for platform in sorted(PLATFORMS)
+        },
+    )
 
-    The toolchain repository fetches every file the lock names, for every platform key, so all are listed;
-    of the scanner's, the build host's one runs, and all are listed as the lock pins them together.
-    """
-    found = []
-    for project, entry in sorted(_object(load_json(path), "wheels", path).items()):
-        where = path / f"wheels.{project}"
-        version = _field(entry, "version", where)
-        for key, file in sorted(_object(entry, "files", where).items()):
-            filename = _field(file, "filename", where / f"files.{key}")
-            found.append(
-                Locked(
-                    role,
-                    project,
-                    version,
-                    filename,
-                    _sha256_field(file, "sha256", where / f"files.{key}"),
-                    pypi_purl(project, version, filename),
-                    (("platform", key),),
+
+def parse_wheels_lock(document: Any, where: object) -> WheelsLock:
+    """A ``wheels`` lock document read from ``where``: every project with its version and its wheels."""
+    version = _format(document, where, "wheels", (FORMATS["wheels"],))
+    wheels = _object(document, "wheels", where)
+    found = {}
+    for project in sorted(wheels):
+        field = f"wheels.{project}"
+        entry = _object(wheels, project, where, "wheels")
+        files = _object(entry, "files", where, field)
+        if not files:
+            _fail(where, f"{field}.files", "an object with a wheel per platform", files)
+        for platform in sorted(files):
+            _one_of(platform, WHEEL_PLATFORMS, where, f"{field}.files.{platform}")
+        found[project] = ToolWheel(
+            version=_string(entry, "version", where, field),
+            files={
+                platform: _file(
+                    _object(files, platform, where, f"{field}.files"),
+                    where,
+                    f"{field}.files.{platform}",
+                    ".whl",
                 )
+                for platform in sorted(files)
+            },
+        )
+    return WheelsLock(format=version, wheels=found)
+
+
+def parse_python_lock(document: Any, where: object) -> PythonLock:
+    """A ``python`` lock document (a requirements file's sidecar) read from ``where``."""
+    version = _format(document, where, "python", (FORMATS["python"],))
+    platform = _one_of(_string(document, "platform", where), WHEEL_PLATFORMS, where, "platform")
+    requirements = _filename(document, "requirements", where, "", ".txt")
+    wheels = _object(document, "wheels", where)
+    found = {}
+    for project in sorted(wheels):
+        field = f"wheels.{project}"
+        entry = _object(wheels, project, where, "wheels")
+        file = _file(entry, where, field, ".whl")
+        found[project] = PythonWheel(_string(entry, "version", where, field), file.filename, file.sha256)
+    return PythonLock(format=version, platform=platform, requirements=requirements, wheels=found)
+
+
+def _pool_path(value: str, filename: str) -> bool:
+    """Whether ``value`` is a clean relative path (no empty, ``.`` or ``..`` part) ending in ``filename``."""
+    parts = value.split("/")
+    return parts[-1] == filename and not [part for part in parts if part in ("", ".", "..")]
+
+
+def _placed(entry: Mapping[str, Any], where: object, field: str, filename: str) -> dict[str, str]:
+    """The archive, path and snapshot time stamp of a package entry, each checked in this order."""
+    archive = _string(entry, "archive", where, field)
+    if not ARCHIVE_NAME.fullmatch(archive):
+        _fail(where, f"{field}.archive", "an archive name ([a-z0-9][a-z0-9.+_-]*)", archive)
+    path = _string(entry, "path", where, field)
+    if not _pool_path(path, filename):
+        expected = f"a relative path without '.', '..' or empty parts, ending in {filename}"
+        _fail(where, f"{field}.path", expected, path)
+    snapshot = _string(entry, "snapshot", where, field)
+    if not TIMESTAMP.fullmatch(snapshot):
+        _fail(where, f"{field}.snapshot", "a time stamp YYYYMMDDTHHMMSSZ", snapshot)
+    return {"archive": archive, "path": path, "snapshot": snapshot}
+
+
+def parse_debian_lock(
+    document: Any, where: object, formats: tuple[int, ...] = (FORMATS["debian"],)
+) -> DebianLock:
+    """A ``debian`` lock document read from ``where``, in one of ``formats`` (the writer passes
+    :data:`DEBIAN_OLDER_FORMATS` too, to rewrite such a lock): each package named once."""
+    version = _format(document, where, "debian", formats)
+    current = version == FORMATS["debian"]
+    architecture = _one_of(_string(document, "architecture", where), ARCHITECTURES, where, "architecture")
+    suite = _string(document, "suite", where)
+    roots = _list(document, "roots", where)
+    for index, root in enumerate(roots):
+        if not isinstance(root, str) or not root:
+            _fail(where, f"roots[{index}]", "a non-empty string", root)
+    entries = _list(document, "packages", where)
+    if not entries:
+        _fail(where, "packages", "a non-empty list", entries)
+    packages = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        field = f"packages[{index}]"
+        if not isinstance(entry, dict):
+            _fail(where, field, "an object", entry)
+        package = _string(entry, "package", where, field)
+        if package in seen:
+            _fail(where, f"{field}.package", "a package not listed before", package)
+        seen.add(package)
+        file = _file(entry, where, field, ".deb")
+        size = entry.get("size", _MISSING)
+        if type(size) is not int or size < 0:
+            _fail(where, f"{field}.size", "a whole number of bytes", size)
+        if current:
+            placed = _placed(entry, where, field, file.filename)
+        else:
+            placed = {key: str(entry.get(key) or "") for key in ("archive", "path", "snapshot")}
+        packages.append(
+            DebianPackage(
+                package=package,
+                version=_string(entry, "version", where, field),
+                architecture=_string(entry, "architecture", where, field),
+                filename=file.filename,
+                sha256=file.sha256,
+                size=size,
+                **placed,
             )
-    return found
+        )
+    return DebianLock(
+        format=version, architecture=architecture, suite=suite, roots=tuple(roots), packages=tuple(packages)
+    )
 
 
-def read_digest_file(path: Path) -> str:
-    """The hex digest of a ``sha256:<hex>`` digest file (oci_image's ``.digest``, sparkseal_pex's)."""
+PARSERS: dict[str, Callable[[Any, object], Lock]] = {
+    "vllm": parse_vllm_lock,
+    "wheels": parse_wheels_lock,
+    "python": parse_python_lock,
+    "debian": parse_debian_lock,
+}
+
+
+def load(path: Path) -> Any:
+    """The parsed JSON of the lock at ``path``; fail naming the file."""
     try:
-        text = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError as error:
-        raise ProvenanceError(f"{path}: expected a digest file, found none") from error
-    except (OSError, UnicodeDecodeError) as error:
-        raise ProvenanceError(
-            f"{path}: expected sha256:<64 hex>, found unreadable content: {error}"
-        ) from error
-    match = _DIGEST.fullmatch(text)
-    if not match:
-        raise ProvenanceError(f"{path}: expected sha256:<64 hex>, found {text[:80]!r}")
-    return match.group(1)
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LockError(f"{path}: expected a lock file, found none") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise LockError(f"{path}: expected a JSON lock, actual unreadable content: {error}") from None
 
 
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of an input file; fail naming it when it is absent."""
-    try:
-        return sha256_file(path)
-    except FileNotFoundError as error:
-        raise ProvenanceError(f"{path}: expected a file to hash, found none") from error
+def read_lock(kind: str, path: Path) -> Lock:
+    """The lock of ``kind`` (a key of :data:`FORMATS`) at ``path``, read by that kind's reader."""
+    if kind not in PARSERS:
+        raise ValueError(f"unknown lock kind {kind!r}: expected one of {', '.join(PARSERS)}")
+    return PARSERS[kind](load(path), path)
 
 
-def built_wheel(path: Path) -> Locked:
-    """A wheel made by this build, hashed here (a byproduct of the provenance)."""
-    try:
-        parsed = parse_wheel_filename(path.name)
-    except WheelError as error:
-        raise ProvenanceError(f"{path}: {error}") from error
-    return Locked("built-wheel", parsed.project, parsed.version, path.name, file_sha256(path))
+def read_vllm_lock(path: Path) -> VllmLock:
+    """The ``vllm`` lock at ``path``."""
+    return parse_vllm_lock(load(path), path)
+
+
+def read_wheels_lock(path: Path) -> WheelsLock:
+    """The ``wheels`` lock at ``path``."""
+    return parse_wheels_lock(load(path), path)
+
+
+def read_python_lock(path: Path) -> PythonLock:
+    """The ``python`` lock (a ``*.files.json`` sidecar) at ``path``."""
+    return parse_python_lock(load(path), path)
+
+
+def read_debian_lock(path: Path, formats: tuple[int, ...] = (FORMATS["debian"],)) -> DebianLock:
+    """The ``debian`` lock at ``path``, in one of ``formats``."""
+    return parse_debian_lock(load(path), path, formats)
+
+
+def render_lock(kind: str, document: Mapping[str, Any], where: object) -> str:
+    """The text of a lock of ``kind`` to be written at ``where``: ``document`` with the kind's current
+    ``format``, read back by the kind's reader (a writer's slip fails here, before a byte is written),
+    sorted keys, two-space indent, one trailing newline."""
+    body = {**document, "format": FORMATS[kind]}
+    PARSERS[kind](body, where)
+    return json.dumps(body, indent=2, sort_keys=True) + "\n"

@@ -21,19 +21,19 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
-from sparkseal.core.locks import (
+from sparkseal.core.patchset import PatchError, read_headers
+from sparkseal.core.slsa import (
     PLATFORMS,
     Locked,
     ProvenanceError,
-    VllmLock,
+    VllmSources,
     built_wheel,
+    debian_packages,
     generic_purl,
     pypi_purl,
-    read_debian_lock,
-    read_vllm_lock,
-    read_wheel_lock,
+    python_wheels,
+    vllm_sources,
 )
-from sparkseal.core.patchset import PatchError, read_headers
 
 # Who supplied each kind of file, where the inputs tell it: the Debian lock's packages come from the
 # Debian archive, and the built wheels from this build. A locked wheel's author is not in its lock.
@@ -105,7 +105,7 @@ class SbomContent:
 
     platform: str
     name: str
-    vllm: VllmLock
+    vllm: VllmSources
     built_vllm: Package
     installed: tuple[Package, ...]
     patches: tuple[SeriesPatch, ...]
@@ -181,13 +181,13 @@ def read_content(inputs: SbomInputs) -> SbomContent:
         raise ProvenanceError(
             f"--platform: expected one of {', '.join(PLATFORMS)}, found {inputs.platform!r}"
         )
-    vllm = read_vllm_lock(inputs.vllm_lock, inputs.platform)
+    vllm = vllm_sources(inputs.vllm_lock, inputs.platform)
     ours = _built(inputs.vllm_wheel, published=True)
     if ours.item.name != "vllm":
         raise ProvenanceError(f"{inputs.vllm_wheel}: expected a vllm wheel, found project {ours.item.name!r}")
     installed = (
-        *(Package(item) for item in read_debian_lock(inputs.debian_lock)),
-        *(Package(item) for item in read_wheel_lock(inputs.python_lock, "wheel")),
+        *(Package(item) for item in debian_packages(inputs.debian_lock)),
+        *(Package(item) for item in python_wheels(inputs.python_lock, "wheel")),
         *sorted((_built(path, published=False) for path in inputs.wheels), key=lambda p: p.item.filename),
     )
     patches = tuple(_series_patch(name, path) for name, path in inputs.patches)

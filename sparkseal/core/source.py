@@ -183,7 +183,7 @@ def parse_status(text: str, where: str) -> Source:
     return Source(commit=commit, tree=tree, uri=uri, uri_unknown=uri_unknown)
 
 
-# Where a statement says the source is unknown (beside the Bazel record, sparkseal.core.locks).
+# Where a statement says the source is unknown (beside the Bazel record, sparkseal.core.slsa).
 UNKNOWN_RECORD = "predicate.buildDefinition.internalParameters.source"
 
 

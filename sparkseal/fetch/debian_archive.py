@@ -43,8 +43,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from sparkseal.core.credentials import redact
+from sparkseal.core.locks import ARCHIVE_NAME, DebianPackage, LockError, read_debian_lock
 from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV, SnapshotError, base_of, parse_base, snapshot_url
-from sparkseal.fetch.lock_debian import ARCHIVE_NAME, AptError, LockedDeb, read_lock
 
 ARCHIVES_ENV = "SPARKSEAL_DEBIAN_ARCHIVES"
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
@@ -204,7 +204,7 @@ def snapshot_base(
     return host_snapshot(paths)
 
 
-def deb_url(base: str, deb: LockedDeb) -> str:
+def deb_url(base: str, deb: DebianPackage) -> str:
     """The download URL of a locked .deb under its archive's base URL."""
     return f"{base.rstrip('/')}/{deb.path}"
 
@@ -217,7 +217,7 @@ def locked_urls(
 ) -> dict[str, list[str]]:
     """Package -> download URLs for the named locked ``packages`` (all of them when empty): the mirror's,
     then the snapshot archive's at the locked time stamp when a snapshot base is known."""
-    _, debs = read_lock(lock)
+    debs = read_debian_lock(lock).packages
     by_name = {deb.package: deb for deb in debs}
     wanted_names = sorted(set(packages))
     unknown = [name for name in wanted_names if name not in by_name]
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             print(base)
             return 0
         resolved = locked_urls(args.lock, args.packages)
-    except (ArchiveError, AptError) as exc:
+    except (ArchiveError, LockError) as exc:
         print(f"sparkseal: {exc}", file=sys.stderr)
         return 1
     for package, found in sorted(resolved.items()):

@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from sparkseal.core.locks import TIMESTAMP
+
 SNAPSHOT_ENV = "SPARKSEAL_DEBIAN_SNAPSHOT"
-TIMESTAMP = re.compile(r"\d{8}T\d{6}Z")
 # A URL of one archive at one time stamp: <base>/archive/<archive>/<time stamp>.
 _ARCHIVE_AT = re.compile(
     r"^(?P<base>(?:https?|file)://\S+?)/archive/(?P<archive>[a-z0-9][a-z0-9.+_-]*)/\d{8}T\d{6}Z/?$"

@@ -17,36 +17,40 @@ API and checked by sha256 when the lock is written), never an archive host; the 
 machine configures for that archive, then to the snapshot archive's at that time stamp, with no apt, no
 apt sources and no keyring.
 
-This module is the one reader of a Debian lock in Python (``read_lock``); ``rules/private/debian.bzl``
-reads the same format in Starlark, and ``sparkseal.core.locks.read_debian_lock`` reads the fields the
-provenance and the SBOM describe.
+The lock's schema is ``sparkseal.core.locks``' (kind ``debian``), which reads it for every Python
+consumer and checks what this module writes (``render_lock``); ``rules/private/locks.bzl`` reads the same
+schema in Starlark.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sparkseal.core.files import write_atomically
-from sparkseal.core.platforms import DEBIAN_ARCHITECTURES
-from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV, TIMESTAMP, LockedFile, SnapshotError, first_seen
+from sparkseal.core.locks import (
+    ARCHITECTURES,
+    ARCHIVE_NAME,
+    DEBIAN_OLDER_FORMATS,
+    FORMATS,
+    DebianPackage,
+    LockError,
+    is_sha256,
+    read_debian_lock,
+    render_lock,
+)
+from sparkseal.fetch.debian_snapshot import SNAPSHOT_ENV, LockedFile, SnapshotError, first_seen
 
 SUITE = "bookworm"
-ARCHITECTURES = tuple(sorted(DEBIAN_ARCHITECTURES.values()))
-# 3: every package also carries `snapshot`, a time stamp at which the snapshot archive holds its file.
-# 2: every package carries `archive` and `path` (format 1 had neither: its URLs came from apt at fetch time).
-LOCK_FORMAT = 3
-# The formats `--keep-versions` rewrites (it adds what they lack without changing a version or sha256).
-_OLDER_FORMATS = (1, 2)
+# The formats `--keep-versions` reads (it adds what the older ones lack without changing a version or sha256).
+_KEPT_FORMATS = (FORMATS["debian"], *DEBIAN_OLDER_FORMATS)
 SOURCES_ENV = "SPARKSEAL_APT_SOURCES"
 GENERATOR = "sparkseal lock debian"
 
@@ -104,62 +108,23 @@ def roots_of(kind: str, arch: str) -> dict[str, str]:
 _INST = re.compile(
     r"^Inst (?P<package>[^\s:]+)(?::\S+)? (?:\[[^\]]*\] )?\((?P<version>\S+) .*\[(?P<arch>[^\]]+)\]\)"
 )
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _URI_LINE = re.compile(r"^'(?P<url>[^']+)' (?P<local>\S+) (?P<size>\d+) (?P<hash>\S+)$")
 # `apt-cache policy`: a package file's line (priority, base URI, distribution, ...) and its release line.
 _POLICY_FILE = re.compile(r"^\s*-?\d+ (?P<uri>\S+) \S+.* Packages$")
-# An archive's name: a Release file's Label, lower-cased, with no space and no slash.
-ARCHIVE_NAME = re.compile(r"[a-z0-9][a-z0-9.+_-]*")
 
 
 class AptError(Exception):
     """apt failed, or what it reports does not allow writing (or honouring) a lock."""
 
 
-@dataclass(frozen=True)
-class LockedDeb:
-    """One locked Debian package: the file apt would download, with its size, sha256 and place.
+def _request(deb: DebianPackage) -> str:
+    """``package:arch=version``, the form apt takes for exactly this file."""
+    return f"{deb.package}:{deb.architecture}={deb.version}"
 
-    ``path`` is the file's path below its archive's base URL (``pool/main/z/zlib/zlib1g_...deb``),
-    ``archive`` the archive's name (``debian``, ``debian-security``) and ``snapshot`` a time stamp
-    (``YYYYMMDDTHHMMSSZ``) at which the snapshot archive holds this file: a fetch needs nothing else but
-    the base URLs of that archive and of the snapshot archive, which the build machine configures.
-    """
 
-    package: str
-    version: str
-    architecture: str
-    filename: str
-    sha256: str
-    size: int
-    archive: str
-    path: str
-    snapshot: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        """The lock entry of this package."""
-        return {
-            "architecture": self.architecture,
-            "archive": self.archive,
-            "filename": self.filename,
-            "package": self.package,
-            "path": self.path,
-            "sha256": self.sha256,
-            "size": self.size,
-            "snapshot": self.snapshot,
-            "version": self.version,
-        }
-
-    def located(self) -> LockedFile:
-        """What the snapshot look-up needs of this package."""
-        return LockedFile(
-            self.package, self.version, self.filename, self.archive, self.path, self.size, self.sha256
-        )
-
-    @property
-    def request(self) -> str:
-        """``package:arch=version``, the form apt takes for exactly this file."""
-        return f"{self.package}:{self.architecture}={self.version}"
+def _located(deb: DebianPackage) -> LockedFile:
+    """What the snapshot look-up needs of this package."""
+    return LockedFile(deb.package, deb.version, deb.filename, deb.archive, deb.path, deb.size, deb.sha256)
 
 
 def _private_config(arch: str, state: Path, sources: Path | None) -> str:
@@ -299,7 +264,7 @@ def _paragraphs(text: str) -> list[dict[str, str]]:
     return records
 
 
-def _locked_debs(apt: PrivateApt, closure: list[tuple[str, str, str]]) -> list[LockedDeb]:
+def _locked_debs(apt: PrivateApt, closure: list[tuple[str, str, str]]) -> list[DebianPackage]:
     requests = {f"{p}:{apt.arch}={v}": (p, v, a) for p, v, a in closure}
     wanted = set(requests.values())
     debs = {}
@@ -308,11 +273,7 @@ def _locked_debs(apt: PrivateApt, closure: list[tuple[str, str, str]]) -> list[L
         if key not in wanted:
             continue
         sha256 = record.get("SHA256", "")
-        if (
-            not _SHA256.fullmatch(sha256)
-            or not record.get("Size", "").isdigit()
-            or not record.get("Filename")
-        ):
+        if not is_sha256(sha256) or not record.get("Size", "").isdigit() or not record.get("Filename"):
             raise AptError(
                 f"the apt index record of {key[0]}={key[1]} lacks Filename, Size or SHA256: {record}"
             )
@@ -323,11 +284,11 @@ def _locked_debs(apt: PrivateApt, closure: list[tuple[str, str, str]]) -> list[L
                 f"without '..', actual {record['Filename']!r}"
             )
         # The archive is named once the URL apt downloads it from is known (_name_archives).
-        deb = LockedDeb(
+        deb = DebianPackage(
             key[0], key[1], key[2], PurePosixPath(path).name, sha256, int(record["Size"]), "", path
         )
         if debs.setdefault(key, deb) != deb:
-            raise AptError(f"apt lists two different files for {deb.request}: {debs[key]} and {deb}")
+            raise AptError(f"apt lists two different files for {_request(deb)}: {debs[key]} and {deb}")
     missing = sorted(r for r, key in requests.items() if key not in debs)
     if missing:
         raise AptError(f"apt-cache show returned no index record for {', '.join(missing)}")
@@ -347,7 +308,7 @@ def _archive_name(label: str) -> str:
     return label.strip().lower().replace(" ", "-")
 
 
-def _name_archives(apt: PrivateApt, debs: list[LockedDeb]) -> list[LockedDeb]:
+def _name_archives(apt: PrivateApt, debs: list[DebianPackage]) -> list[DebianPackage]:
     """``debs`` with ``archive`` set: the Label of the Release file of the source apt downloads each from.
 
     apt names the URL of each file (its base URI + the locked path); the base URI's Release files give the
@@ -355,46 +316,45 @@ def _name_archives(apt: PrivateApt, debs: list[LockedDeb]) -> list[LockedDeb]:
     the same base, or none, cannot name an archive and is an error.
     """
     labels = apt.labels()
-    uris = apt.uris([deb.request for deb in debs])
+    uris = apt.uris([_request(deb) for deb in debs])
     named = []
     for deb in debs:
         if deb.filename not in uris:
-            raise AptError(f"{deb.request}: apt printed no download URI for {deb.filename}")
+            raise AptError(f"{_request(deb)}: apt printed no download URI for {deb.filename}")
         url = urllib.parse.unquote(uris[deb.filename][0])
         if not url.endswith("/" + deb.path):
-            raise AptError(f"{deb.request}: expected apt's URL to end with /{deb.path}, actual {url}")
+            raise AptError(f"{_request(deb)}: expected apt's URL to end with /{deb.path}, actual {url}")
         base = url[: -len(deb.path) - 1].rstrip("/")
         found = sorted(labels.get(base, set()))
         names = sorted({_archive_name(label) for label in found})
         if len(names) != 1 or not ARCHIVE_NAME.fullmatch(names[0]):
             raise AptError(
-                f"{deb.request}: expected the Release files under {base} to carry one Label that names "
+                f"{_request(deb)}: expected the Release files under {base} to carry one Label that names "
                 f"the archive (such as Debian or Debian-Security), actual {found or 'no package file'}"
             )
         named.append(dataclasses.replace(deb, archive=names[0]))
     return named
 
 
-def lock_document(arch: str, roots: list[str], debs: list[LockedDeb]) -> dict[str, Any]:
+def lock_document(arch: str, roots: list[str], debs: list[DebianPackage]) -> dict[str, Any]:
     """The lock's JSON document."""
     return {
         "architecture": arch,
-        "format": LOCK_FORMAT,
         "generator": GENERATOR,
-        "packages": [deb.as_json() for deb in debs],
+        "packages": [dataclasses.asdict(deb) for deb in debs],
         "roots": sorted(roots),
         "suite": SUITE,
     }
 
 
-def dump_lock(document: dict[str, Any]) -> str:
-    """The lock's text: sorted keys, two-space indent, one trailing newline."""
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+def dump_lock(document: dict[str, Any], where: object) -> str:
+    """The text of the lock to be written at ``where``, in the current format, checked by the reader."""
+    return render_lock("debian", document, where)
 
 
 def with_snapshots(
-    debs: list[LockedDeb], snapshot: str | None, keep: list[LockedDeb] | None = None
-) -> list[LockedDeb]:
+    debs: list[DebianPackage], snapshot: str | None, keep: list[DebianPackage] | None = None
+) -> list[DebianPackage]:
     """``debs`` with ``snapshot`` set: a kept entry's own time stamp for the same file, else the snapshot
     archive's first import of the file (sparkseal.fetch.debian_snapshot.first_seen, checked by sha256)."""
     kept = {(d.package, d.architecture, d.sha256): d.snapshot for d in keep or [] if d.snapshot}
@@ -404,11 +364,11 @@ def with_snapshots(
         if timestamp is None:
             if snapshot is None:
                 raise AptError(
-                    f"{deb.request}: no base URL of the snapshot archive to find its time stamp at: set "
+                    f"{_request(deb)}: no base URL of the snapshot archive to find its time stamp at: set "
                     f"${SNAPSHOT_ENV} (or pass --snapshot), or name a snapshot URL in the apt sources"
                 )
             try:
-                timestamp = first_seen(snapshot, deb.located())
+                timestamp = first_seen(snapshot, _located(deb))
             except SnapshotError as exc:
                 raise AptError(str(exc)) from exc
         result.append(dataclasses.replace(deb, snapshot=timestamp))
@@ -419,7 +379,7 @@ def compute_lock(
     arch: str,
     roots: list[str],
     sources: Path | None = None,
-    keep: list[LockedDeb] | None = None,
+    keep: list[DebianPackage] | None = None,
     snapshot: str | None = None,
 ) -> dict[str, Any]:
     """Ask apt for the closure of ``roots`` on ``arch`` and return the lock document.
@@ -448,7 +408,7 @@ def compute_lock(
         new = next(deb for deb in debs if (deb.package, deb.architecture) == (old.package, old.architecture))
         if (new.sha256, new.size) != (old.sha256, old.size):
             raise AptError(
-                f"{old.request}: sha256 mismatch: expected {old.sha256} ({old.size} bytes, locked), actual "
+                f"{_request(old)}: sha256 mismatch: expected {old.sha256} ({old.size} bytes, locked), actual "
                 f"{new.sha256} ({new.size} bytes, listed by the apt sources)"
             )
     return lock_document(arch, roots, with_snapshots(debs, snapshot, keep))
@@ -472,16 +432,19 @@ def lock_debian(
     try:
         keep = None
         if keep_versions:
-            document = _read_document(out)
-            locked_arch, keep = _parse_lock(out, document, formats=(LOCK_FORMAT, *_OLDER_FORMATS))
-            if locked_arch != arch:
-                raise AptError(f"{out}: expected a lock for {arch}, actual architecture {locked_arch}")
-            chosen = list(document.get("roots") or chosen)
+            kept = read_debian_lock(out, formats=_KEPT_FORMATS)
+            if kept.architecture != arch:
+                raise AptError(f"{out}: expected a lock for {arch}, actual architecture {kept.architecture}")
+            keep = list(kept.packages)
+            chosen = list(kept.roots or chosen)
         document = compute_lock(arch, chosen, sources, keep, snapshot)
+        text = dump_lock(document, out)
     except AptError as exc:
         print(f"sparkseal: {out}: {exc}", file=sys.stderr)
         return 1
-    text = dump_lock(document)
+    except LockError as exc:
+        print(f"sparkseal: {exc}", file=sys.stderr)
+        return 1
     unchanged = out.is_file() and out.read_text() == text
     if not unchanged:
         write_atomically(out, text)
@@ -490,68 +453,3 @@ def lock_debian(
     state = "unchanged" if unchanged else "written"
     print(f"{out}: {len(packages)} packages for {arch}, {size} bytes of .debs ({state})")
     return 0
-
-
-def _read_document(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise AptError(f"{path}: cannot read the lock: {exc}") from exc
-
-
-def _parse_lock(
-    path: Path, document: Any, formats: tuple[int, ...] = (LOCK_FORMAT,)
-) -> tuple[str, list[LockedDeb]]:
-    """The architecture and packages of a lock document in one of ``formats``; an older format's entries
-    lack what it lacked (empty strings), for ``--keep-versions`` to add."""
-    arch = document.get("architecture") if isinstance(document, dict) else None
-    if arch not in ARCHITECTURES:
-        raise AptError(f"{path}: expected architecture one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-    found = document.get("format")
-    if found not in formats or isinstance(found, bool):
-        raise AptError(
-            f"{path}: field `format`: expected {' or '.join(map(str, formats))} (format {LOCK_FORMAT}: each "
-            f"package with its archive, path and snapshot time stamp), actual {found!r}"
-            + (
-                f": rewrite it with `sparkseal lock debian --arch {arch} --keep-versions --out {path}` "
-                "(apt on a bookworm machine and the snapshot archive's API; no version changes)"
-                if found in _OLDER_FORMATS
-                else ""
-            )
-        )
-    current = found == LOCK_FORMAT
-    debs = []
-    for entry in document.get("packages", []):
-        fields = dict(entry) if isinstance(entry, dict) else {}
-        if not current:
-            fields.setdefault("archive", "")
-            fields.setdefault("path", "")
-            fields.setdefault("snapshot", "")
-        try:
-            deb = LockedDeb(**{k: fields[k] for k in LockedDeb.__dataclass_fields__})
-        except (KeyError, TypeError) as exc:
-            raise AptError(f"{path}: malformed package entry {entry!r}: missing {exc}") from exc
-        if not _SHA256.fullmatch(str(deb.sha256)):
-            raise AptError(f"{path}: {deb.package}: sha256 {deb.sha256!r} is not 64 lowercase hex digits")
-        if current:
-            if not TIMESTAMP.fullmatch(str(deb.snapshot)):
-                raise AptError(
-                    f"{path}: {deb.package}: field `snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, "
-                    f"actual {deb.snapshot!r}"
-                )
-            if not ARCHIVE_NAME.fullmatch(str(deb.archive)):
-                raise AptError(f"{path}: {deb.package}: expected an archive name, actual {deb.archive!r}")
-            if _pool_path(str(deb.path)) != deb.path or PurePosixPath(deb.path).name != deb.filename:
-                raise AptError(
-                    f"{path}: {deb.package}: expected a relative path without '..' ending in "
-                    f"/{deb.filename}, actual {deb.path!r}"
-                )
-        debs.append(deb)
-    if not debs:
-        raise AptError(f"{path}: expected a non-empty list of packages, got {document.get('packages')!r}")
-    return arch, debs
-
-
-def read_lock(path: Path) -> tuple[str, list[LockedDeb]]:
-    """Return the architecture and the packages of the lock at ``path``; raise ``AptError`` if malformed."""
-    return _parse_lock(path, _read_document(path))

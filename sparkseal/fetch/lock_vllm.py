@@ -14,8 +14,8 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from sparkseal.core import locks
 from sparkseal.core.archives import ArchiveError, open_tar
 from sparkseal.core.commit import CommitMismatch, check_commit, commit_id_from_version_file
 from sparkseal.core.files import write_atomically
@@ -89,22 +89,21 @@ def read_version_file(sdist: Path, top: str) -> tuple[str, str]:
         raise LockError(f"{sdist}: cannot read {name}: {exc}") from exc
 
 
-def choose_commit(sdist_id: str, old_lock: dict[str, Any] | None, version: str) -> tuple[str, list[str]]:
+def choose_commit(sdist_id: str, old_lock: locks.VllmLock | None, version: str) -> tuple[str, list[str]]:
     """Return the commit to lock and notes about it.
 
     The existing lock's commit is kept when it is for the same version and names the same commit as the
     sdist's (usually abbreviated) id, so that re-locking a release reproduces the file.
     """
     notes = []
-    old_commit = (old_lock or {}).get("commit")
     commit = sdist_id
-    if old_lock and old_lock.get("version") == version and isinstance(old_commit, str):
+    if old_lock is not None and old_lock.version == version:
         try:
-            check_commit(sdist_id, old_commit, "the existing lock")
+            check_commit(sdist_id, old_lock.commit, "the existing lock")
         except CommitMismatch as exc:
             notes.append(f"{exc}; writing the sdist's commit id {sdist_id}")
         else:
-            commit = max(sdist_id, old_commit, key=len)
+            commit = max(sdist_id, old_lock.commit, key=len)
     if len(commit) < FULL_COMMIT_LEN:
         notes.append(
             f"commit {commit} is abbreviated (as recorded in {PROJECT}/_version.py); "
@@ -113,8 +112,8 @@ def choose_commit(sdist_id: str, old_lock: dict[str, Any] | None, version: str) 
     return commit, notes
 
 
-def render_lock(version: str, commit: str, release: Release, sdist_sha256: str) -> str:
-    """Return the lock file's text."""
+def render_lock(version: str, commit: str, release: Release, sdist_sha256: str, where: object) -> str:
+    """The text of the lock to be written at ``where`` (a ``vllm`` lock of sparkseal.core.locks)."""
     lock = {
         "commit": commit,
         "name": PROJECT,
@@ -125,31 +124,29 @@ def render_lock(version: str, commit: str, release: Release, sdist_sha256: str) 
             for platform, file in release.wheels.items()
         },
     }
-    return json.dumps(lock, indent=2, sort_keys=True) + "\n"
+    try:
+        return locks.render_lock("vllm", lock, where)
+    except locks.LockError as exc:
+        raise LockError(str(exc)) from None
 
 
-def read_old_lock(path: Path) -> dict[str, Any] | None:
+def read_old_lock(path: Path) -> locks.VllmLock | None:
     """Return the existing lock at ``path``, or None when there is none."""
     if not path.exists():
         return None
     try:
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LockError(f"{path}: cannot read the existing lock: {exc}") from exc
-    if not isinstance(lock, dict):
-        raise LockError(f"{path}: the existing lock is a {type(lock).__name__}, expected a JSON object")
-    return lock
+        return locks.read_vllm_lock(path)
+    except locks.LockError as exc:
+        raise LockError(f"cannot read the existing lock: {exc} (move it away to lock afresh)") from None
 
 
-def changed_hashes(old_lock: dict[str, Any] | None, new_text: str) -> list[str]:
+def changed_hashes(old_lock: locks.VllmLock | None, new_lock: locks.VllmLock) -> list[str]:
     """Return one line per file that both locks name with different sha256 (the index replaced a file)."""
-    if not old_lock:
+    if old_lock is None:
         return []
-    new_lock = json.loads(new_text)
 
-    def entries(lock: dict[str, Any]) -> dict[str, str]:
-        items = [lock.get("sdist"), *(lock.get("wheels") or {}).values()]
-        return {e["filename"]: e["sha256"] for e in items if isinstance(e, dict) and "filename" in e}
+    def entries(lock: locks.VllmLock) -> dict[str, str]:
+        return {file.filename: file.sha256 for file in (lock.sdist, *lock.wheels.values())}
 
     old, new = entries(old_lock), entries(new_lock)
     return [
@@ -194,8 +191,8 @@ def lock_vllm(
         version_file, version_text = read_version_file(sdist_path, top)
         sdist_id = commit_id_from_version_file(version_text, version_file)
         commit, notes = choose_commit(sdist_id, old_lock, version)
-        text = render_lock(version, commit, release, sdist_sha256)
-        changed = changed_hashes(old_lock, text)
+        text = render_lock(version, commit, release, sdist_sha256, lock_path)
+        changed = changed_hashes(old_lock, locks.parse_vllm_lock(json.loads(text), lock_path))
         write_atomically(lock_path, text)
         print(f"commit {commit} ({version_file} records {sdist_id})")
         for note in notes:

@@ -134,9 +134,9 @@ def unpack(
         entry = entries[deb.name]
         members = read_members(deb)
         package = read_control(deb, members).name
-        if package != entry["package"]:
-            raise ToolchainError(f"{deb}: expected package {entry['package']} ({lock}), got {package}")
-        packages.append({k: entry[k] for k in ("package", "version", "architecture", "sha256")})
+        if package != entry.package:
+            raise ToolchainError(f"{deb}: expected package {entry.package} ({lock}), got {package}")
+        packages.append({k: getattr(entry, k) for k in ("package", "version", "architecture", "sha256")})
         if package not in skip:
             unpacker.add(deb, package, members)
     unpacker.write_links()

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from sparkseal.core.archives import ArchiveError, open_tar
 from sparkseal.core.deb import DROP_POLICIES, DebError, DropPolicy, inflated, read_members
 from sparkseal.core.determinism import DIR_MODE, FILE_MODE, GID, STICKY_DIR_MODE, UID
-from sparkseal.core.digests import sha256_file
+from sparkseal.core.locks import DebianPackage, LockError, check_file, read_debian_lock
 from sparkseal.core.paths import UnsafePath, check_relative
 from sparkseal.core.tree import normalised_mode
 from sparkseal.core.wheels import PYTHON_VERSION
@@ -381,12 +381,12 @@ def _compile_stdlib(builder: RootfsBuilder) -> int:
     return len(written)
 
 
-def check_against_lock(debs: list[Path], lock: Path) -> dict[str, dict[str, object]]:
+def check_against_lock(debs: list[Path], lock: Path) -> dict[str, DebianPackage]:
     """Match every .deb to its lock entry by filename and sha256; return filename -> entry."""
     try:
-        entries = {e["filename"]: e for e in json.loads(lock.read_text())["packages"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DebError(f"{lock}: cannot read the lock's packages: {exc}") from exc
+        entries = {entry.filename: entry for entry in read_debian_lock(lock).packages}
+    except LockError as exc:
+        raise DebError(str(exc)) from None
     given = {deb.name: deb for deb in debs}
     if len(given) != len(debs):
         raise DebError(f"{lock}: two .debs share a filename among {sorted(d.name for d in debs)}")
@@ -398,11 +398,10 @@ def check_against_lock(debs: list[Path], lock: Path) -> dict[str, dict[str, obje
             f"missing {missing or 'none'}, unlocked {extra or 'none'}"
         )
     for name, deb in sorted(given.items()):
-        actual = sha256_file(deb)
-        if actual != entries[name]["sha256"]:
-            raise DebError(
-                f"{deb}: sha256 mismatch: expected {entries[name]['sha256']} ({lock}), actual {actual}"
-            )
+        try:
+            check_file(deb, entries[name].sha256, str(lock))
+        except LockError as exc:
+            raise DebError(str(exc)) from None
     return entries
 
 
@@ -417,14 +416,14 @@ def build_rootfs(
         members = read_members(deb)
         pkg = read_control(deb, members)
         locked = entries[deb.name]
-        for key, field_name in (
-            ("package", "Package"),
-            ("version", "Version"),
-            ("architecture", "Architecture"),
+        for field_name, expected in (
+            ("Package", locked.package),
+            ("Version", locked.version),
+            ("Architecture", locked.architecture),
         ):
-            if pkg.fields[field_name] != locked[key]:
+            if pkg.fields[field_name] != expected:
                 raise DebError(
-                    f"{deb}: control {field_name}: expected {locked[key]!r} ({lock}), "
+                    f"{deb}: control {field_name}: expected {expected!r} ({lock}), "
                     f"actual {pkg.fields[field_name]!r}"
                 )
         loaded.append((pkg.name, pkg, members))

@@ -65,6 +65,7 @@ class Fixture:
     def lock(self, **override: object) -> dict[str, object]:
         lock: dict[str, object] = {
             "commit": COMMIT,
+            "format": 1,
             "name": "vllm",
             "sdist": {"filename": SDIST, "sha256": _sha(self.artifacts[SDIST])},
             "version": VERSION,
@@ -329,7 +330,10 @@ def test_missing_lock_entry(fixture: Fixture) -> None:
     fixture.configure(lock=fixture.lock(wheels=wheels))
     code, output = fixture.build("//third_party/vllm:pristine_tree")
     assert code != 0
-    assert 'vllm.lock.json: missing lock entry "wheels.linux_x86_64.filename"' in output
+    assert (
+        "sparkseal: //third_party/vllm:vllm.lock.json: field `wheels.linux_x86_64`: expected an object, "
+        "actual nothing"
+    ) in output
 
 
 def test_sdist_of_another_commit_is_refused(fixture: Fixture) -> None:

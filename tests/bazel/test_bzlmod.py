@@ -118,14 +118,17 @@ def _fixture(root: Path, cache: Path) -> None:
         target.write_bytes(path.read_bytes())
     lock = {
         "commit": COMMIT,
+        "format": 1,
         "name": "vllm",
         "sdist": {"filename": f"vllm-{VERSION}.tar.gz", "sha256": digests[f"vllm-{VERSION}.tar.gz"]},
         "version": VERSION,
         "wheels": {p: {"filename": f, "sha256": digests[f]} for p, f in FIXTURE_WHEELS.items()},
     }
     (root / "third_party/vllm/vllm.lock.json").write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
-    # The same with a lock that has no sdist, for an error that names the lock.
-    (root / "third_party/vllm/broken.lock.json").write_text('{"name": "vllm"}\n')
+    # The same with a lock that has no sdist, for an error that names the lock and the field.
+    (root / "third_party/vllm/broken.lock.json").write_text(
+        json.dumps({k: v for k, v in lock.items() if k != "sdist"}) + "\n"
+    )
     locked = 'lock = "//third_party/vllm:vllm.lock.json"'
     broken = FIXTURE_MODULE_TAGS.replace(locked, 'lock = "//third_party/vllm:broken.lock.json"')
     assert broken != FIXTURE_MODULE_TAGS, f"FIXTURE_MODULE_TAGS: expected {locked}"
@@ -230,7 +233,8 @@ def test_bzlmod_in_bazel_7_builds_the_wheels_of_workspace_mode_offline(real_work
         broken = steps.output("fixture_broken")
         assert steps.code("fixture_broken") != "0", broken
         assert (
-            'sparkseal: //third_party/vllm:broken.lock.json: missing lock entry "sdist.filename"' in broken
+            "sparkseal: //third_party/vllm:broken.lock.json: field `sdist`: expected an object, "
+            "actual nothing" in broken
         ), broken
 
         # The repository itself, with no --config at all: what a new user of Bazel 7.7.1 runs.

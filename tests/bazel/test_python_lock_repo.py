@@ -190,7 +190,7 @@ def _write_locks(directory: Path, closure: dict[str, dict[str, tuple[str, bytes]
             lines += [f"{project}=={version} \\", f"    --hash=sha256:{sha}", "    # via fixture"]
             entries[project] = {"filename": filename, "sha256": sha, "version": version}
         (directory / f"{stem}.txt").write_text("\n".join(lines) + "\n")
-        sidecar = {"platform": platform, "requirements": f"{stem}.txt", "wheels": entries}
+        sidecar = {"format": 1, "platform": platform, "requirements": f"{stem}.txt", "wheels": entries}
         (directory / f"{stem}.files.json").write_text(json.dumps(sidecar, indent=2) + "\n")
 
 

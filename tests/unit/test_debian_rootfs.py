@@ -16,10 +16,10 @@ import pytest
 from sparkseal.actions import oci_layer
 from sparkseal.actions.debian_rootfs import main
 from sparkseal.core.deb import DebError
+from sparkseal.core.locks import read_debian_lock
 from sparkseal.fetch.debian_archive import locked_urls
 from sparkseal.fetch.download import download
 from sparkseal.fetch.index import IndexFile
-from sparkseal.fetch.lock_debian import read_lock
 from sparkseal.install.debian_rootfs import RUNTIME_UID, RUNTIME_USER, build_rootfs
 from tests.bazel_util import REPO
 from tests.bytecode_probe import PROBE
@@ -435,7 +435,7 @@ def _at(out: Path, args: list[str]) -> list[str]:
 def _locked_debs(arch: str, tmp: Path) -> tuple[Path, list[Path]]:
     """The real locked .debs of ``arch``, downloaded once into the user's cache and verified."""
     lock = REPO / f"third_party/debian/bookworm_{arch}.lock.json"
-    _, locked = read_lock(lock)
+    locked = read_debian_lock(lock).packages
     cache = Path.home() / ".cache/sparkseal/downloads/debian"
     urls: dict[str, str] = {}
     debs = []

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from sparkseal.cli import main as cli_main
+from sparkseal.core.locks import LockError, read_debian_lock
 from sparkseal.fetch.debian_archive import locked_urls
-from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, AptError, lock_debian, read_lock
+from sparkseal.fetch.lock_debian import ARCHITECTURES, ROOTS, lock_debian
 from tests.bazel_util import REPO
 from tests.fixtures_debian import TIMESTAMP, AptRepo, SnapshotArchive, make_deb, pool_path, sha256, write_lock
 
@@ -169,10 +170,11 @@ def test_keep_versions_adds_paths_and_archives_and_nothing_else(
     current = lock.read_text()
     write_lock(lock, _format_1(json.loads(current)))
     with pytest.raises(
-        AptError,
-        match=r"lock.json: field `format`: expected 3 .* actual 1: rewrite it with `sparkseal lock debian",
+        LockError,
+        match=r"lock.json: field `format`: expected 3 \(a Debian lock, .*"
+        r"`sparkseal lock debian --keep-versions` rewrites an older one\), actual 1$",
     ):
-        read_lock(lock)
+        read_debian_lock(lock)
     # Other roots given: the lock's own roots and versions are kept.
     assert lock_debian("arm64", lock, ["pre"], repo.sources, keep_versions=True, snapshot=snapshot) == 0
     assert lock.read_text() == current
@@ -233,52 +235,73 @@ def test_a_source_without_label_cannot_name_the_archive(
 
 
 def test_read_lock_rejects_malformed_entries(tmp_path: Path) -> None:
-    lock = write_lock(
-        tmp_path / "lock.json",
-        {"architecture": "arm64", "format": 3, "packages": [{"package": "x", "sha256": "ab"}]},
-    )
-    with pytest.raises(AptError, match=r"lock.json: malformed package entry .* missing 'version'"):
-        read_lock(lock)
+    """The one reader (sparkseal.core.locks) names the file, the field, the expected and the actual value."""
+    lock = tmp_path / "lock.json"
     entry = {
         "architecture": "arm64",
         "archive": "debian",
         "filename": "x_1_arm64.deb",
         "package": "x",
-        "path": "../x_1_arm64.deb",
+        "path": "pool/x_1_arm64.deb",
         "sha256": "a" * 64,
         "size": 1,
         "snapshot": TIMESTAMP,
         "version": "1",
     }
-    write_lock(lock, {"architecture": "arm64", "format": 3, "packages": [entry]})
-    with pytest.raises(
-        AptError, match=r"x: expected a relative path without '\.\.' ending in /x_1_arm64.deb"
-    ):
-        read_lock(lock)
-    write_lock(
-        lock,
-        {
-            "architecture": "arm64",
-            "format": 3,
-            "packages": [{**entry, "path": "pool/x_1_arm64.deb", "archive": "Debian Main"}],
-        },
+    document = {"architecture": "arm64", "format": 3, "roots": ["x"], "suite": "bookworm"}
+    document["packages"] = [entry]
+    write_lock(lock, document)
+    assert read_debian_lock(lock).packages[0].path == "pool/x_1_arm64.deb"
+
+    def refused(packages: list[dict[str, object]], message: str, **top: object) -> None:
+        write_lock(lock, {**document, "packages": packages, **top})
+        with pytest.raises(LockError) as info:
+            read_debian_lock(lock)
+        assert str(info.value) == f"{lock}: {message}"
+
+    refused(
+        [{"package": "x", "sha256": "ab"}],
+        "field `packages[0].filename`: expected a .deb file name without '/', actual nothing",
     )
-    with pytest.raises(AptError, match=r"x: expected an archive name, actual 'Debian Main'"):
-        read_lock(lock)
-    good = {**entry, "path": "pool/x_1_arm64.deb"}
-    write_lock(lock, {"architecture": "arm64", "format": 3, "packages": [{**good, "snapshot": "2024-06-11"}]})
-    with pytest.raises(
-        AptError, match=r"x: field `snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, actual '2024-06-11'"
-    ):
-        read_lock(lock)
-    # A format this reader does not know, newer or older: named with the file, the field and the format.
-    for unknown in (4, 0, "3"):
-        write_lock(lock, {"architecture": "arm64", "format": unknown, "packages": [good]})
-        with pytest.raises(AptError, match=rf"lock.json: field `format`: expected 3 .*actual {unknown!r}$"):
-            read_lock(lock)
-    write_lock(lock, {"architecture": "riscv64", "packages": []})
-    with pytest.raises(AptError, match=r"expected architecture one of amd64, arm64, got 'riscv64'"):
-        read_lock(lock)
+    refused(
+        [{**entry, "path": "../x_1_arm64.deb"}],
+        "field `packages[0].path`: expected a relative path without '.', '..' or empty parts, ending in "
+        'x_1_arm64.deb, actual "../x_1_arm64.deb"',
+    )
+    refused(
+        [{**entry, "archive": "Debian Main"}],
+        'field `packages[0].archive`: expected an archive name ([a-z0-9][a-z0-9.+_-]*), actual "Debian Main"',
+    )
+    refused(
+        [{**entry, "snapshot": "2024-06-11"}],
+        'field `packages[0].snapshot`: expected a time stamp YYYYMMDDTHHMMSSZ, actual "2024-06-11"',
+    )
+    refused(
+        [{**entry, "size": "1"}], 'field `packages[0].size`: expected a whole number of bytes, actual "1"'
+    )
+    refused(
+        [entry, {**entry, "version": "2"}],
+        'field `packages[1].package`: expected a package not listed before, actual "x"',
+    )
+    refused([], "field `packages`: expected a non-empty list, actual an empty list")
+    # A format this reader does not know, newer or older, or none: named with the file, the field and the
+    # format it reads.
+    for unknown, shown in ((4, "4"), (0, "0"), ("3", '"3"'), (True, "true")):
+        refused(
+            [entry],
+            "field `format`: expected 3 (a Debian lock, each package with its archive, path and snapshot "
+            "time stamp; `sparkseal lock debian --keep-versions` rewrites an older one), "
+            f"actual {shown}",
+            format=unknown,
+        )
+    write_lock(lock, {k: v for k, v in document.items() if k != "format"})
+    with pytest.raises(LockError, match=r"lock.json: field `format`: expected 3 .*, actual nothing$"):
+        read_debian_lock(lock)
+    refused(
+        [entry],
+        'field `architecture`: expected one of amd64, arm64, actual "riscv64"',
+        architecture="riscv64",
+    )
 
 
 def test_cli_writes_the_named_lock(repo: AptRepo, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -302,8 +325,9 @@ def test_cli_writes_the_named_lock(repo: AptRepo, tmp_path: Path, capsys: pytest
 def test_checked_in_lock_still_resolves_on_the_archive(arch: str) -> None:
     """Every locked file is still served, at the size locked, from this machine's archive bases."""
     lock = REPO / f"third_party/debian/bookworm_{arch}.lock.json"
-    locked_arch, debs = read_lock(lock)
-    assert locked_arch == arch
+    locked = read_debian_lock(lock)
+    debs = locked.packages
+    assert locked.architecture == arch
     assert set(ROOTS) <= {d.package for d in debs}
     assert json.loads(lock.read_text())["roots"] == sorted(ROOTS)
     urls = locked_urls(lock)

@@ -62,6 +62,7 @@ def sha(data: bytes) -> str:
 def expected_lock(files: dict[str, bytes], commit: str) -> str:
     lock = {
         "commit": commit,
+        "format": 1,
         "name": "vllm",
         "sdist": {"filename": SDIST, "sha256": sha(files[SDIST])},
         "version": VERSION,
@@ -250,8 +251,22 @@ def test_unreadable_existing_lock(capsys: pytest.CaptureFixture[str], tmp_path: 
         status, _, err = run_lock(capsys, idx.url, tmp_path)
         assert idx.requests == {}
     assert status == 1
-    assert err.startswith(f"sparkseal: {lock}: cannot read the existing lock: ")
+    assert err.startswith(
+        f"sparkseal: cannot read the existing lock: {lock}: expected a JSON lock, actual unreadable content: "
+    )
+    assert err.endswith(" (move it away to lock afresh)\n")
     assert lock.read_text() == "{not json"
+    # A lock the reader refuses (here: written before locks had a format) is not overwritten either.
+    old = {k: v for k, v in json.loads(expected_lock(release_files(), FULL_COMMIT)).items() if k != "format"}
+    lock.write_text(json.dumps(old))
+    with FixtureIndex(release_files()) as idx:
+        status, _, err = run_lock(capsys, idx.url, tmp_path)
+    assert status == 1
+    assert err == (
+        f"sparkseal: cannot read the existing lock: {lock}: field `format`: expected 1 (a vLLM lock, written "
+        "by `sparkseal lock vllm`), actual nothing (move it away to lock afresh)\n"
+    )
+    assert json.loads(lock.read_text()) == old
 
 
 def test_patch_that_no_longer_applies_is_reported(

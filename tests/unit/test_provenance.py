@@ -456,8 +456,8 @@ def test_bad_toolchain_lock(build: Build, tmp_path: Path, capsys: pytest.Capture
     lock.write_text(json.dumps(data))
     assert provenance.main(provenance_args(build, tmp_path / "p.json")) == 1
     assert capsys.readouterr().err.strip() == (
-        f"provenance: {lock}/wheels.nvidia-cuda-nvcc/files.linux_x86_64: expected 64 lowercase hex digits "
-        f"at sha256, found '{'0' * 63}'"
+        f"provenance: {lock}: field `wheels.nvidia-cuda-nvcc.files.linux_x86_64.sha256`: expected 64 "
+        f'lowercase hex digits, actual "{"0" * 63}"'
     )
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from sparkseal.core.repo_names import apparent_name, apparent_text
-from tests.bazel_util import BAZEL, REPO, Workspace, base_env
+from tests.bazel_util import BAZEL, REPO, starlark_workspace
 
 # canonical name -> apparent name, Bazel 6/7 (`~`) and Bazel 8 (`+`) alike.
 NAMES = {
@@ -109,13 +108,15 @@ names = rule(implementation = _impl)
 @pytest.mark.bazel
 @pytest.mark.skipif(BAZEL is None, reason="bazel is not installed (make setup installs it)")
 def test_the_starlark_twin_gives_the_same_names(tmp_path: Path) -> None:
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "WORKSPACE").write_text('workspace(name = "twin")\n')
-    shutil.copy(REPO / "rules/private/common.bzl", root / "common.bzl")
-    (root / "names.bzl").write_text(TWIN_BUILD.format(names=list(NAMES)))
-    (root / "BUILD").write_text('load(":names.bzl", "names")\n\nnames(name = "names")\n')
-    ws = Workspace(root, tmp_path / "output-base", tmp_path / "repository-cache", base_env())
+    ws = starlark_workspace(
+        tmp_path,
+        "twin",
+        ["common.bzl"],
+        {
+            "names.bzl": TWIN_BUILD.format(names=list(NAMES)),
+            "BUILD": 'load(":names.bzl", "names")\n\nnames(name = "names")\n',
+        },
+    )
     try:
         result = ws.bazel("build", "//:names")
         assert result.returncode == 0, result.output

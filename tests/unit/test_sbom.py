@@ -21,6 +21,7 @@ import pytest
 
 from sparkseal import __version__
 from sparkseal.actions import provenance, sbom
+from sparkseal.core.locks import render_lock
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, Workspace, base_env, make_fixture_workspace
 
 COMMIT = "752a3a504485790a2e8491cacbb35c137339ad34"
@@ -35,6 +36,28 @@ def _sha(data: bytes) -> str:
 def _json(path: Path, data: object) -> Path:
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+def _lock(path: Path, kind: str, document: dict[str, Any]) -> Path:
+    """A fixture lock of ``kind``, written as the lock commands write it (its format added, checked)."""
+    path.write_text(render_lock(kind, document, path))
+    return path
+
+
+def _deb(package: str, version: str) -> dict[str, object]:
+    """A Debian lock entry of the fixture (arm64, from the debian archive, at one snapshot time stamp)."""
+    filename = f"{package}_{version}_arm64.deb"
+    return {
+        "architecture": "arm64",
+        "archive": "debian",
+        "filename": filename,
+        "package": package,
+        "path": f"pool/main/{package[0]}/{package}/{filename}",
+        "sha256": _sha(package.encode()),
+        "size": len(package),
+        "snapshot": "20240611T082157Z",
+        "version": version,
+    }
 
 
 def _wheel(path: Path, payload: str, license_line: str = "") -> Path:
@@ -66,8 +89,9 @@ class Inputs:
 def write_inputs(root: Path) -> Inputs:
     """Write fixture locks, two patches and two built wheels under ``root``; used by test_provenance too."""
     root.mkdir(parents=True, exist_ok=True)
-    vllm_lock = _json(
+    vllm_lock = _lock(
         root / "vllm.lock.json",
+        "vllm",
         {
             "commit": COMMIT,
             "name": "vllm",
@@ -82,10 +106,12 @@ def write_inputs(root: Path) -> Inputs:
             },
         },
     )
-    python_lock = _json(
+    python_lock = _lock(
         root / "requirements_linux_aarch64.files.json",
+        "python",
         {
             "platform": PLATFORM,
+            "requirements": "requirements_linux_aarch64.txt",
             "wheels": {
                 "typing-extensions": {
                     "filename": "typing_extensions-4.15.0-py3-none-any.whl",
@@ -100,10 +126,12 @@ def write_inputs(root: Path) -> Inputs:
             },
         },
     )
-    tools_lock = _json(
+    tools_lock = _lock(
         root / "tools.files.json",
+        "python",
         {
             "platform": "any",
+            "requirements": "tools.txt",
             "wheels": {
                 "pex": {
                     "filename": "pex-2.105.2-py3-none-any.whl",
@@ -113,31 +141,19 @@ def write_inputs(root: Path) -> Inputs:
             },
         },
     )
-    debian_lock = _json(
+    debian_lock = _lock(
         root / "bookworm_arm64.lock.json",
+        "debian",
         {
             "architecture": "arm64",
             "suite": "bookworm",
-            "packages": [
-                {
-                    "architecture": "arm64",
-                    "filename": "libstdc++6_12.2.0-14+deb12u1_arm64.deb",
-                    "package": "libstdc++6",
-                    "sha256": _sha(b"libstdc++6"),
-                    "version": "12.2.0-14+deb12u1",
-                },
-                {
-                    "architecture": "arm64",
-                    "filename": "base-files_12.4+deb12u15_arm64.deb",
-                    "package": "base-files",
-                    "sha256": _sha(b"base-files"),
-                    "version": "12.4+deb12u15",
-                },
-            ],
+            "roots": ["base-files", "libstdc++6"],
+            "packages": [_deb("libstdc++6", "12.2.0-14+deb12u1"), _deb("base-files", "12.4+deb12u15")],
         },
     )
-    cuda_lock = _json(
+    cuda_lock = _lock(
         root / "toolchain.lock.json",
+        "wheels",
         {
             "wheels": {
                 "nvidia-cuda-nvcc": {
@@ -364,28 +380,47 @@ def test_wrong_vllm_wheel(inputs: Inputs, tmp_path: Path, capsys: pytest.Capture
     assert not (tmp_path / "sbom.json").exists()
 
 
+# The lock readers' errors (sparkseal.core.locks) name the file, the field, the expected and the actual value.
+# The ids name each case: the earlier ones held the whole old message, which the readers no longer write.
 @pytest.mark.parametrize(
     ("lock", "edit", "message"),
     [
-        (
+        pytest.param(
             "debian_lock",
             lambda d: d["packages"][1].update(sha256="ABC"),
-            "{path}/packages[1]: expected 64 lowercase hex digits at sha256, found 'ABC'",
+            '{path}: field `packages[1].sha256`: expected 64 lowercase hex digits, actual "ABC"',
+            id="debian-sha256",
         ),
-        (
+        pytest.param(
             "debian_lock",
             lambda d: d.pop("suite"),
-            "{path}: expected a non-empty string at suite, found None",
+            "{path}: field `suite`: expected a non-empty string, actual nothing",
+            id="debian-suite",
         ),
-        (
+        pytest.param(
             "python_lock",
             lambda d: d["wheels"]["numpy"].pop("version"),
-            "{path}/wheels.numpy: expected a non-empty string at version, found None",
+            "{path}: field `wheels.numpy.version`: expected a non-empty string, actual nothing",
+            id="python-version",
         ),
-        (
+        pytest.param(
             "vllm_lock",
             lambda d: d["wheels"].pop(PLATFORM),
-            "{path}: expected a non-empty string at wheels.linux_aarch64.filename, found None",
+            "{path}: field `wheels.linux_aarch64`: expected an object, actual nothing",
+            id="vllm-wheel",
+        ),
+        pytest.param(
+            "vllm_lock",
+            lambda d: d.update(commit=COMMIT[:9]),
+            "{path}: field `commit`: expected 40 lowercase hex digits (a full commit), "
+            f'actual "{COMMIT[:9]}"',
+            id="vllm-abbreviated-commit",
+        ),
+        pytest.param(
+            "vllm_lock",
+            lambda d: d.update(format=2),
+            "{path}: field `format`: expected 1 (a vLLM lock, written by `sparkseal lock vllm`), actual 2",
+            id="vllm-format",
         ),
     ],
 )
