@@ -165,7 +165,8 @@ def add_verify(commands: argparse._SubParsersAction) -> None:
         help="rebuild targets in a varied environment and compare with the first build",
         description="Build TARGETS in the checkout (the first build), then again in a fresh copy of the "
         "checkout at another path with a clean output base, files created in reverse order, HOME empty, "
-        f"TZ={SECOND_TZ}, LANG/LC_ALL={SECOND_LOCALE} and the umask's group-write bit flipped; disk and "
+        f"TZ={SECOND_TZ}, LANG/LC_ALL={SECOND_LOCALE} (else another installed UTF-8 locale, else C.UTF-8) "
+        "and the umask's group-write bit flipped; disk and "
         "remote caches off, downloads shared through the sha256-verified repository cache. Every output "
         "is compared; an OCI image down to the layer and the file. The last line is the verdict: PASSED "
         "(exit 0) or FAILED (exit 1, each difference with a diffoscope report); a failed build gives no "
