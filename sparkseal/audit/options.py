@@ -43,7 +43,7 @@ def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
     if args.root is not None and not args.root.is_dir():
         parser.error(f"--root {args.root}: expected a directory, found none")
     try:
-        report = check(args.provenance, args.artifacts, args.root, args.pubkey)
+        report = check(args.provenance, args.artifacts, args.root, args.pubkey, args.only)
     except CheckInputError as error:
         parser.error(str(error))
     except SignatureError as error:
@@ -67,6 +67,8 @@ def _provenance_sign(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def add_provenance(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.core.locks import SUBJECT_KINDS
+
     provenance = commands.add_parser("provenance", help="sign or check a build's SLSA provenance")
     actions = provenance.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser(
@@ -96,6 +98,15 @@ def add_provenance(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="ed25519 public key (PEM): PROVENANCE is a signed envelope whose signature is verified first; "
         "a changed payload or another key's signature is exit 1",
+    )
+    check.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        choices=SUBJECT_KINDS,
+        metavar="KIND",
+        help=f"check only the subjects of KIND ({', '.join(SUBJECT_KINDS)}; repeat for more), e.g. "
+        "--only oci-image for an image copied from a registry; the others are named as not checked",
     )
     check.add_argument("--json", action="store_true", help="print a JSON report")
     check.set_defaults(handler=_provenance_check, parser=check)

@@ -129,6 +129,56 @@ def test_check_uses_artifacts_given_by_kind(
     assert out.splitlines()[-1] == "PASSED: 7 checks, 0 differ"
 
 
+def test_only_checks_the_kinds_named_and_says_what_it_left_out(
+    build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image copied from a registry comes without the PEX: ``--only oci-image`` checks the image and
+    names every other subject as not checked, in the report and the verdict line."""
+    copy = shutil.copytree(build.layout, tmp_path / "copy")
+    shutil.rmtree(build.pex)
+    code, out, err = _check(capsys, "--only", "oci-image", str(build.statement), str(copy))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[-4:] == [
+        "not checked manifest_linux_aarch64.json (module-manifest): left out by --only",
+        "not checked pex_linux_aarch64.pex (pex): left out by --only",
+        "not checked sbom_linux_aarch64.spdx.json (sbom): left out by --only",
+        "PASSED: 4 checks, 0 differ; 3 subjects not checked",
+    ]
+    code, out, _ = _check(capsys, "--only", "oci-image", "--json", str(build.statement), str(copy))
+    assert json.loads(out)["not_checked"] == [
+        "manifest_linux_aarch64.json (module-manifest)",
+        "pex_linux_aarch64.pex (pex)",
+        "sbom_linux_aarch64.spdx.json (sbom)",
+    ]
+    # A changed layer still fails; the SBOM given beside the image is checked once --only names it.
+    code, out, _ = _check(capsys, "--only", "oci-image", "--only", "sbom", str(build.statement), str(copy))
+    assert code == 0 and out.splitlines()[-1] == "PASSED: 5 checks, 0 differ; 2 subjects not checked"
+    layer = next(path for path in (copy / "blobs/sha256").iterdir() if path.read_bytes() == b"layer 1")
+    layer.write_bytes(b"layer 2")
+    code, out, _ = _check(capsys, "--only", "oci-image", str(build.statement), str(copy))
+    assert code == 1 and out.splitlines()[-1] == "FAILED: 4 checks, 1 differ; 3 subjects not checked"
+
+
+def test_only_refuses_a_kind_without_subject_or_an_artifact_it_leaves_out(
+    build: Build, capsys: pytest.CaptureFixture[str]
+) -> None:
+    statement = _statement(build)
+    statement["subject"] = [s for s in statement["subject"] if s["annotations"]["kind"] != "pex"]
+    build.statement.write_text(json.dumps(statement))
+    code, _, err = _check(capsys, "--only", "pex", str(build.statement))
+    assert code == 2
+    assert (
+        f"error: --only pex: expected a kind among the subjects of {build.statement} (module-manifest, "
+        "oci-image, sbom), found none of that kind"
+    ) in err
+    code, _, err = _check(capsys, "--only", "oci-image", str(build.statement), str(build.sbom))
+    assert code == 2
+    assert f"error: {build.sbom}: is a sbom artifact, but --only leaves that kind out" in err
+    code, _, err = _check(capsys, "--only", "tarball", str(build.statement))
+    assert code == 2 and "argument --only: invalid choice: 'tarball'" in err
+
+
 def test_check_root_option(build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     moved = tmp_path / "elsewhere.json"
     shutil.move(build.statement, moved)
