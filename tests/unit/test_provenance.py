@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import shutil
 import subprocess
 import time
 import urllib.parse
@@ -120,14 +121,21 @@ def provenance_args(build: Build, out: Path) -> list[str]:
     return args
 
 
-def make_build(root: Path) -> Build:
-    """Write fixture inputs and a fake bazel-bin, then the statement into it."""
+def make_build(
+    root: Path, image_digest: str | None = None, spdx: Path | None = None, status: str = STATUS
+) -> Build:
+    """Write fixture inputs and a fake bazel-bin, then the statement into it.
+
+    The image is a small fake layout unless ``image_digest`` names one built elsewhere (then only its digest
+    file is written: the statement records the digest); the SBOM is the action's over the fixture inputs
+    unless ``spdx`` is one built elsewhere; ``status`` is the stable status file (the source)."""
     inputs = write_inputs(root / "in")
-    (root / "in" / "stable-status.txt").write_text(STATUS)
+    (root / "in" / "stable-status.txt").write_text(status)
     out = root / "bazel-bin"
     out.mkdir()
     build = Build(inputs, out, out / "provenance_linux_aarch64.intoto.json")
-    (out / "image_linux_aarch64.digest").write_text(write_layout(build.layout))  # no newline, as oci.py
+    digest = image_digest or write_layout(build.layout)
+    (out / "image_linux_aarch64.digest").write_text(digest)  # no newline, as oci.py
     build.pex.mkdir()
     (build.pex / "PEX-INFO").write_text('{"entry_point": "vllm"}')
     (build.pex / "__main__.py").write_text("print('pex')\n")
@@ -135,7 +143,10 @@ def make_build(root: Path) -> Build:
     (build.pex / ".deps" / "numpy.whl" / "numpy.py").write_text("x = 1\n")
     (out / "pex_linux_aarch64.pex.digest").write_text(tree_digest(build.pex) + "\n")
     build.manifest.write_text(json.dumps({"format": "sparkseal-module-manifest/1", "distributions": {}}))
-    assert sbom.main(sbom_args(inputs, build.sbom)) == 0
+    if spdx is None:
+        assert sbom.main(sbom_args(inputs, build.sbom)) == 0
+    else:
+        shutil.copyfile(spdx, build.sbom)
     assert provenance.main(provenance_args(build, build.statement)) == 0
     return build
 
