@@ -77,10 +77,11 @@ def add_provenance(commands: argparse._SubParsersAction) -> None:
         description="Read PROVENANCE (bazel-bin/provenance_<platform>.intoto.json, from "
         "`bazel build //:provenance`) and re-derive each subject's digest: the image manifest of the OCI "
         "layout (and every blob it names), the PEX tree digest, the sha256 of the module manifest and of "
-        "the SBOM. Each artifact is found at the subject's name below --root, unless an ARTIFACT of that "
-        "kind is given (an OCI layout directory, a PEX directory, a module manifest or an SPDX file, told "
-        "apart by content). A digest that differs is a finding (exit 1); a missing or unreadable "
-        "artifact is a usage error (exit 2).",
+        "each SBOM (SPDX, CycloneDX). Each artifact is found at the subject's name below --root, unless an "
+        "ARTIFACT of that kind is given (an OCI layout directory, a PEX directory, a module manifest, an "
+        "SPDX or a CycloneDX file, told apart by content). A digest that differs is a finding (exit 1); a "
+        "missing or unreadable artifact is a usage error (exit 2). PROVENANCE and the ARTIFACTs go last, "
+        "after the options.",
     )
     check.add_argument("provenance", type=Path, metavar="PROVENANCE", help="the in-toto statement (JSON)")
     check.add_argument(

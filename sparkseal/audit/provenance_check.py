@@ -8,7 +8,7 @@ root directory (by default the statement's own directory: ``bazel-bin`` for the 
 * ``oci-image`` (an OCI layout directory): the image manifest that ``index.json`` names is hashed, and so
   are the config and every layer blob the manifest names; each must match its digest;
 * ``pex`` (a packed PEX directory): the sha256 of its ``sha256sum``-style listing;
-* ``module-manifest``, ``sbom`` (files): the sha256 of the file.
+* ``module-manifest``, ``sbom`` (SPDX), ``sbom-cyclonedx`` (files): the sha256 of the file.
 
 A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest; the
 report ends with the verdict, ``PASSED`` or ``FAILED``. ``only`` restricts the check to subjects of some
@@ -143,11 +143,13 @@ def artifact_kind(path: Path) -> str:
             return "module-manifest"
         if data is not None and "spdxVersion" in data:
             return "sbom"
+        if data is not None and data.get("bomFormat") == "CycloneDX":
+            return "sbom-cyclonedx"
     elif not path.exists():
         raise CheckInputError(f"{path}: expected an artifact, found no file or directory")
     raise CheckInputError(
-        f"{path}: expected an OCI layout directory, a PEX directory, a module manifest or an SPDX "
-        "document, found none of these"
+        f"{path}: expected an OCI layout directory, a PEX directory, a module manifest, an SPDX "
+        "document or a CycloneDX document, found none of these"
     )
 
 

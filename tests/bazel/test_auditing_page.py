@@ -16,7 +16,7 @@ gigabytes. It holds what the walkthrough reads: an `/etc/passwd` whose home dire
 allow-list (third_party/scan/image-allow.json, copied into fixture workspaces) lets through, so the `scan`
 step passes only where `scan --image` reads that list; and both SBOMs at their paths in the last layer.
 The publisher's side is what a release does: the provenance action's statement over the built image
-digest and SPDX SBOM (tests/unit/test_provenance.py's fixture for the rest: its locks, a small PEX and
+digest and both SBOMs (tests/unit/test_provenance.py's fixture for the rest: its locks, a small PEX and
 module manifest), with the source the workspace status command records of the fixture checkout, signed
 by `sparkseal provenance sign`'s code with a key made here.
 """
@@ -143,7 +143,8 @@ def test_the_auditors_walkthrough_runs_as_written(tmp_path: Path, registry: Regi
         check=True,
     ).stdout
     assert f"STABLE_SPARKSEAL_SOURCE_COMMIT {commit}\n" in status and "TREE clean" in status, status
-    release = make_build(tmp_path / "release", digest, bazel_bin / "sbom.spdx.json", status)
+    sboms = (bazel_bin / "sbom.spdx.json", bazel_bin / "sbom_cyclonedx.cdx.json")
+    release = make_build(tmp_path / "release", digest, sboms, status)
     keys = tmp_path / "keys"
     keys.mkdir()
     builder, builder_pub = _keys(keys, "builder")
@@ -194,7 +195,7 @@ def test_the_auditors_walkthrough_runs_as_written(tmp_path: Path, registry: Regi
         f"ok signature (ed25519) verifies with {builder_pub}",
         f"source: git+{REMOTE}@refs/heads/main commit {commit} (clean tree)",
     ]
-    assert checked[-1] == "PASSED: 3 checks, 0 differ; 3 subjects not checked"  # manifest, config, layer
+    assert checked[-1] == "PASSED: 3 checks, 0 differ; 4 subjects not checked"  # manifest, config, layer
 
     assert run_step("checkout") == [f"{commit} the audited build"]
 
@@ -207,7 +208,7 @@ def test_the_auditors_walkthrough_runs_as_written(tmp_path: Path, registry: Regi
     listed = run_step("sbom")
     assert listed[0].startswith("CycloneDX 1.6 sparkseal-vllm-0.25.1-linux_aarch64 "), listed
     assert any(line.startswith("  vllm 0.25.1 pkg:pypi/vllm@0.25.1?") for line in listed), listed
-    assert listed[-1] == "PASSED: 1 checks, 0 differ; 3 subjects not checked"
+    assert listed[-1] == "PASSED: 2 checks, 0 differ; 3 subjects not checked"
 
     summary = run_step("vsa")
     vsa = work / "verify" / "image.vsa.intoto.json"

@@ -91,6 +91,10 @@ class Build:
     def sbom(self) -> Path:
         return self.bin / "sbom_linux_aarch64.spdx.json"
 
+    @property
+    def cyclonedx(self) -> Path:
+        return self.bin / "sbom_cyclonedx_linux_aarch64.cdx.json"
+
 
 def provenance_args(build: Build, out: Path) -> list[str]:
     """The action's command line over the fake bazel-bin."""
@@ -110,6 +114,7 @@ def provenance_args(build: Build, out: Path) -> list[str]:
         "--subject", "pex", build.pex.name, str(build.bin / "pex_linux_aarch64.pex.digest"),
         "--subject", "module-manifest", build.manifest.name, str(build.manifest),
         "--subject", "sbom", build.sbom.name, str(build.sbom),
+        "--subject", "sbom-cyclonedx", build.cyclonedx.name, str(build.cyclonedx),
         "--target", "//:image_linux_aarch64",
         "--target", "//:pex_linux_aarch64",
         "--bazel-inferred", "< 6.2",
@@ -122,13 +127,17 @@ def provenance_args(build: Build, out: Path) -> list[str]:
 
 
 def make_build(
-    root: Path, image_digest: str | None = None, spdx: Path | None = None, status: str = STATUS
+    root: Path,
+    image_digest: str | None = None,
+    sboms: tuple[Path, Path] | None = None,
+    status: str = STATUS,
 ) -> Build:
     """Write fixture inputs and a fake bazel-bin, then the statement into it.
 
     The image is a small fake layout unless ``image_digest`` names one built elsewhere (then only its digest
-    file is written: the statement records the digest); the SBOM is the action's over the fixture inputs
-    unless ``spdx`` is one built elsewhere; ``status`` is the stable status file (the source)."""
+    file is written: the statement records the digest); the SBOMs are the action's over the fixture inputs
+    unless ``sboms`` are (SPDX, CycloneDX) files built elsewhere; ``status`` is the stable status file
+    (the source)."""
     inputs = write_inputs(root / "in")
     (root / "in" / "stable-status.txt").write_text(status)
     out = root / "bazel-bin"
@@ -143,10 +152,12 @@ def make_build(
     (build.pex / ".deps" / "numpy.whl" / "numpy.py").write_text("x = 1\n")
     (out / "pex_linux_aarch64.pex.digest").write_text(tree_digest(build.pex) + "\n")
     build.manifest.write_text(json.dumps({"format": "sparkseal-module-manifest/1", "distributions": {}}))
-    if spdx is None:
+    if sboms is None:
         assert sbom.main(sbom_args(inputs, build.sbom)) == 0
+        assert sbom.main([*sbom_args(inputs, build.cyclonedx), "--format", "cyclonedx-1.6"]) == 0
     else:
-        shutil.copyfile(spdx, build.sbom)
+        shutil.copyfile(sboms[0], build.sbom)
+        shutil.copyfile(sboms[1], build.cyclonedx)
     assert provenance.main(provenance_args(build, build.statement)) == 0
     return build
 
@@ -235,6 +246,11 @@ def test_statement_subjects(build: Build) -> None:
             "annotations": {"kind": "pex"},
             "digest": {"sha256": tree_digest(build.pex).removeprefix("sha256:")},
             "name": "pex_linux_aarch64.pex",
+        },
+        {
+            "annotations": {"kind": "sbom-cyclonedx"},
+            "digest": {"sha256": _sha(build.cyclonedx.read_bytes())},
+            "name": "sbom_cyclonedx_linux_aarch64.cdx.json",
         },
         {
             "annotations": {"kind": "sbom"},
@@ -456,7 +472,7 @@ def test_missing_subject_kind(build: Build, tmp_path: Path, capsys: pytest.Captu
     assert provenance.main(args) == 1
     assert capsys.readouterr().err.strip() == (
         "provenance: --subject: expected one of each kind module-manifest, oci-image, pex, sbom, "
-        "found module-manifest, oci-image, pex"
+        "sbom-cyclonedx, found module-manifest, oci-image, pex, sbom-cyclonedx"
     )
 
 
@@ -539,13 +555,24 @@ fake_pex = rule(implementation = _fake_pex_impl)
 '''
 
 FIXTURE_BUILD = """\
-load("//rules:defs.bzl", "oci_image", "oci_layer", "provenance", "sbom")
+load("//rules:defs.bzl", "oci_image", "oci_layer", "provenance", "sbom", "sbom_cyclonedx")
 load(":fake_pex.bzl", "fake_pex")
 
 PATCHES = ["in/patches/vllm/0001-first.patch", "in/patches/vllm/0002-second.patch"]
 
 sbom(
     name = "sbom",
+    debian_lock = "in/bookworm_arm64.lock.json",
+    patches = PATCHES,
+    platform = "linux_aarch64",
+    python_lock = "in/requirements_linux_aarch64.files.json",
+    vllm_lock = "in/vllm.lock.json",
+    vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
+    wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
+)
+
+sbom_cyclonedx(
+    name = "sbom_cyclonedx",
     debian_lock = "in/bookworm_arm64.lock.json",
     patches = PATCHES,
     platform = "linux_aarch64",
@@ -594,6 +621,7 @@ provenance(
     platform = "linux_aarch64",
     python_lock = "in/requirements_linux_aarch64.files.json",
     sbom = ":sbom",
+    sbom_cyclonedx = ":sbom_cyclonedx",
     tools_lock = "in/tools.files.json",
     vllm_lock = "in/vllm.lock.json",
 )
@@ -659,12 +687,13 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
         ("prov/image", "oci-image"),
         ("prov/manifest.json", "module-manifest"),
         ("prov/sbom.spdx.json", "sbom"),
+        ("prov/sbom_cyclonedx.cdx.json", "sbom-cyclonedx"),
     ]
     definition = statement["predicate"]["buildDefinition"]
     assert definition["externalParameters"] == {
         "cudaArchs": "121a-real",
         "platform": PLATFORM,
-        "targets": ["//prov:app", "//prov:image", "//prov:manifest", "//prov:sbom"],
+        "targets": ["//prov:app", "//prov:image", "//prov:manifest", "//prov:sbom", "//prov:sbom_cyclonedx"],
     }
     patches = [d for d in definition["resolvedDependencies"] if d["annotations"]["role"] == "patch"]
     assert [(d["name"], d["digest"]["sha256"]) for d in patches] == [
@@ -681,7 +710,7 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
 
     code, out, err = _check(capsys, "--root", str(bazel_bin), str(statement_path))
     assert code == 0, out + err
-    assert out.splitlines()[-1] == "PASSED: 6 checks, 0 differ"  # 4 subjects + the config and the layer blob
+    assert out.splitlines()[-1] == "PASSED: 7 checks, 0 differ"  # 5 subjects + the config and the layer blob
 
 
 # --- validators of the in-toto attestation framework ---
