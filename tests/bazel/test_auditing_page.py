@@ -58,8 +58,8 @@ load("//rules:defs.bzl", "oci_image", "oci_layer")
 SCAN_ALLOW = "//third_party/scan:image-allow.json"
 
 genrule(
-    name = "passwd",
-    outs = ["passwd"],
+    name = "accounts",
+    outs = ["accounts"],
     cmd = "echo 'vllm:x:1000:1000::{SERVICE_HOME}:/bin/sh' > $@",
 )
 
@@ -67,7 +67,7 @@ genrule(
 oci_layer(
     name = "layer_app",
     files = {{
-        ":passwd": "/etc/passwd",
+        ":accounts": "/etc/passwd",
         ":sbom": "/opt/sparkseal/sbom.spdx.json",
         ":sbom_cyclonedx": "/opt/sparkseal/sbom.cdx.json",
     }},
