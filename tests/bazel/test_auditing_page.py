@@ -40,7 +40,8 @@ from tests.recipe import AUDITING_PAGE, recipe_steps, script, steps_by_name, sub
 from tests.servers.registry_server import REGISTRY, Registry
 from tests.unit.test_provenance import make_build
 from tests.unit.test_provenance_sign import _keys
-from tests.unit.test_sbom import SBOM_FIXTURE_BUILD, write_inputs
+from tests.unit.test_sbom import SBOM_FIXTURE_TARGETS, write_inputs
+from tests.unit.test_workspace_status import _git
 
 pytestmark = pytest.mark.bazel
 
@@ -51,10 +52,9 @@ REMOTE = "https://git.example.org/acme/sparkseal.git"
 SERVICE_HOME = "/" + "home/vllm"
 
 BUILD = (
-    SBOM_FIXTURE_BUILD
+    'load("//rules:defs.bzl", "oci_image", "oci_layer", "sbom", "sbom_cyclonedx")\n\n'
+    + SBOM_FIXTURE_TARGETS
     + f"""
-load("//rules:defs.bzl", "oci_image", "oci_layer")
-
 SCAN_ALLOW = "//third_party/scan:image-allow.json"
 
 genrule(
@@ -81,18 +81,6 @@ oci_image(
 )
 """
 )
-
-
-def _git(checkout: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=Publisher", "-c", "user.email=publisher@example.org", *args],
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, f"git {' '.join(args)} in {checkout}: {done.stderr}"
-    return done.stdout.strip()
 
 
 def _fixture_checkout(checkout: Path, repository_cache: Path) -> str:

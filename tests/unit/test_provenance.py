@@ -21,7 +21,15 @@ from sparkseal import cli
 from sparkseal.actions import provenance, sbom
 from sparkseal.actions.sparkseal_pex import tree_digest
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
-from tests.unit.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
+from tests.unit.test_sbom import (
+    COMMIT,
+    PLATFORM,
+    SBOM_FIXTURE_TARGETS,
+    Inputs,
+    reversed_flags,
+    sbom_args,
+    write_inputs,
+)
 
 TAG = "sparkseal/vllm:0.25.1-linux_aarch64"
 # The source of the fake build, as Bazel's stable status file holds it (beside Bazel's own keys).
@@ -554,34 +562,16 @@ echo "sha256:${{sum%% *}}" > {digest}
 fake_pex = rule(implementation = _fake_pex_impl)
 '''
 
-FIXTURE_BUILD = """\
+FIXTURE_BUILD = (
+    """\
 load("//rules:defs.bzl", "oci_image", "oci_layer", "provenance", "sbom", "sbom_cyclonedx")
 load(":fake_pex.bzl", "fake_pex")
 
 PATCHES = ["in/patches/vllm/0001-first.patch", "in/patches/vllm/0002-second.patch"]
 
-sbom(
-    name = "sbom",
-    debian_lock = "in/bookworm_arm64.lock.json",
-    patches = PATCHES,
-    platform = "linux_aarch64",
-    python_lock = "in/requirements_linux_aarch64.files.json",
-    vllm_lock = "in/vllm.lock.json",
-    vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
-    wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
-)
-
-sbom_cyclonedx(
-    name = "sbom_cyclonedx",
-    debian_lock = "in/bookworm_arm64.lock.json",
-    patches = PATCHES,
-    platform = "linux_aarch64",
-    python_lock = "in/requirements_linux_aarch64.files.json",
-    vllm_lock = "in/vllm.lock.json",
-    vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
-    wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
-)
-
+"""
+    + SBOM_FIXTURE_TARGETS
+    + """
 oci_layer(
     name = "layer_app",
     files = {
@@ -626,6 +616,7 @@ provenance(
     vllm_lock = "in/vllm.lock.json",
 )
 """
+)
 
 
 @pytest.mark.bazel
