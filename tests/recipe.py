@@ -1,5 +1,5 @@
-"""The serving recipes of docs/serving.md as data: their marked command blocks, read from the page, so a test
-runs the page's own commands rather than a copy of them.
+"""The recipes of docs/serving.md (serving) and docs/auditing.md (the auditor's walkthrough) as data: their
+marked command blocks, read from the page, so a test runs the page's own commands rather than a copy of them.
 
 A recipe's blocks are fenced code blocks whose info string is ``sh recipe=NAME step=STEP`` (the page says
 so at its top); their order on the page is the recipe's order. The first step, ``vars``, assigns the shell
@@ -18,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "serving.md"
+AUDITING_PAGE = REPO / "docs" / "auditing.md"
 # The info string that marks a recipe's block; anything after the step is left for the page to use.
 MARK = re.compile(r"^(`{3,})sh\s+recipe=(?P<recipe>[\w-]+)\s+step=(?P<step>[\w-]+)\s*$")
 ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=")
@@ -124,9 +125,10 @@ def substitute(vars_step: Step, values: dict[str, str], page: Path = PAGE) -> st
     return "\n".join(lines) + "\n"
 
 
-def script(vars_text: str, step: Step) -> str:
+def script(vars_text: str, step: Step, page: Path = PAGE) -> str:
     """What one ``bash`` runs for a step: strict mode, the variables, then the step as the page has it."""
-    return f"set -euo pipefail\n{vars_text}# docs/serving.md:{step.line}: step {step.name}\n{step.text}"
+    where = page.relative_to(REPO) if page.is_relative_to(REPO) else page
+    return f"set -euo pipefail\n{vars_text}# {where}:{step.line}: step {step.name}\n{step.text}"
 
 
 def container_names(step: Step) -> list[str]:

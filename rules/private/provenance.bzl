@@ -82,13 +82,14 @@ def _provenance_impl(ctx):
     args.add_all(ctx.files.built_wheels, before_each = "--built-wheel")
 
     # A subject is named by its path below bazel-bin; the action reads its digest file (image, PEX) or
-    # hashes it (module manifest, SBOM), never the large trees.
+    # hashes it (module manifest, SBOMs), never the large trees.
     args.add_all(["--subject", "oci-image", image.layout.short_path, image.digest])
     args.add("--image-tag", image.tag)
     args.add_all(["--subject", "pex", pex_dir.short_path, pex_digest])
     args.add_all(["--subject", "module-manifest", ctx.file.manifest.short_path, ctx.file.manifest])
     args.add_all(["--subject", "sbom", ctx.file.sbom.short_path, ctx.file.sbom])
-    for target in [ctx.attr.image, ctx.attr.pex, ctx.attr.manifest, ctx.attr.sbom]:
+    args.add_all(["--subject", "sbom-cyclonedx", ctx.file.sbom_cyclonedx.short_path, ctx.file.sbom_cyclonedx])
+    for target in [ctx.attr.image, ctx.attr.pex, ctx.attr.manifest, ctx.attr.sbom, ctx.attr.sbom_cyclonedx]:
         args.add("--target", label_string(target.label))
     bazel = ctx.attr._bazel_version[BazelInfo]
     args.add("--bazel-inferred", bazel.inferred)
@@ -126,6 +127,7 @@ def _provenance_impl(ctx):
             pex_digest,
             ctx.file.manifest,
             ctx.file.sbom,
+            ctx.file.sbom_cyclonedx,
         ],
         outputs = [out],
         env = ACTION_ENV,
@@ -143,13 +145,18 @@ _LOCK = attr.label(
 provenance = rule(
     implementation = _provenance_impl,
     doc = "Writes `name.intoto.json`: the SLSA v1 provenance (in-toto Statement v1) of one platform's image, " +
-          "PEX, module manifest and SBOM.",
+          "PEX, module manifest and both SBOMs (SPDX 2.3 and CycloneDX 1.6).",
     attrs = {
         "platform": attr.string(mandatory = True, values = PLATFORMS, doc = "The platform of the image described."),
         "image": attr.label(mandatory = True, providers = [OciImageInfo], doc = "oci_image target."),
         "pex": attr.label(mandatory = True, providers = [SparksealPexInfo], doc = "sparkseal_pex target."),
         "manifest": attr.label(mandatory = True, allow_single_file = [".json"], doc = "module_manifest target."),
-        "sbom": attr.label(mandatory = True, allow_single_file = [".json"], doc = "sbom target."),
+        "sbom": attr.label(mandatory = True, allow_single_file = [".json"], doc = "sbom target (SPDX 2.3)."),
+        "sbom_cyclonedx": attr.label(
+            mandatory = True,
+            allow_single_file = [".json"],
+            doc = "sbom_cyclonedx target (CycloneDX 1.6).",
+        ),
         "vllm_lock": _LOCK,
         "patches": attr.label_list(allow_files = [".patch"], doc = "The vLLM patch series, in order."),
         "python_lock": _LOCK,

@@ -5,8 +5,10 @@ The statement says what was built (``subject``), from what (``resolvedDependenci
 the same bytes:
 
 * ``subject``: the image (its OCI manifest digest), the PEX (its tree digest, as ``sparkseal_pex`` writes it),
-  the module manifest and the SBOM (the sha256 of each file). Each subject's ``name`` is its path below
-  ``bazel-bin`` and its ``annotations.kind`` says how ``sparkseal provenance check`` re-derives the digest.
+  the module manifest and both SBOMs, SPDX 2.3 and CycloneDX 1.6 (the sha256 of each file), so that
+  either SBOM, handed on alone, can be checked against the signed statement. Each subject's ``name`` is
+  its path below ``bazel-bin`` and its ``annotations.kind`` says how ``sparkseal provenance check``
+  re-derives the digest.
 * ``buildDefinition.externalParameters``: the platform, the Bazel targets, the CUDA architecture override.
 * ``buildDefinition.resolvedDependencies``: first the source of this build, this repository's commit
   (``uri`` ``git+https://HOST/PATH@refs/heads/BRANCH`` without credentials, ``digest.gitCommit``,
@@ -39,7 +41,7 @@ As an action::
         --debian-lock bookworm_arm64.lock.json --cuda-lock toolchain.lock.json \\
         --scanner-lock scanner.lock.json --built-wheel WHL ... \\
         --subject oci-image NAME DIGEST_FILE --image-tag TAG --subject pex NAME DIGEST_FILE \\
-        --subject module-manifest NAME FILE --subject sbom NAME FILE \\
+        --subject module-manifest NAME FILE --subject sbom NAME FILE --subject sbom-cyclonedx NAME FILE \\
         --target //:image_linux_aarch64 ... --bazel-inferred '< 6.2' [--bazel-release R] \\
         [--bazel-declared R] [--source-status stable-status.txt] --out provenance.intoto.json
 """

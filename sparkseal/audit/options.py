@@ -43,7 +43,7 @@ def _provenance_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
     if args.root is not None and not args.root.is_dir():
         parser.error(f"--root {args.root}: expected a directory, found none")
     try:
-        report = check(args.provenance, args.artifacts, args.root, args.pubkey)
+        report = check(args.provenance, args.artifacts, args.root, args.pubkey, args.only)
     except CheckInputError as error:
         parser.error(str(error))
     except SignatureError as error:
@@ -67,6 +67,8 @@ def _provenance_sign(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def add_provenance(commands: argparse._SubParsersAction) -> None:
+    from sparkseal.core.slsa import SUBJECT_KINDS
+
     provenance = commands.add_parser("provenance", help="sign or check a build's SLSA provenance")
     actions = provenance.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser(
@@ -75,10 +77,11 @@ def add_provenance(commands: argparse._SubParsersAction) -> None:
         description="Read PROVENANCE (bazel-bin/provenance_<platform>.intoto.json, from "
         "`bazel build //:provenance`) and re-derive each subject's digest: the image manifest of the OCI "
         "layout (and every blob it names), the PEX tree digest, the sha256 of the module manifest and of "
-        "the SBOM. Each artifact is found at the subject's name below --root, unless an ARTIFACT of that "
-        "kind is given (an OCI layout directory, a PEX directory, a module manifest or an SPDX file, told "
-        "apart by content). A digest that differs is a finding (exit 1); a missing or unreadable "
-        "artifact is a usage error (exit 2).",
+        "each SBOM (SPDX, CycloneDX). Each artifact is found at the subject's name below --root, unless an "
+        "ARTIFACT of that kind is given (an OCI layout directory, a PEX directory, a module manifest, an "
+        "SPDX or a CycloneDX file, told apart by content). A digest that differs is a finding (exit 1); a "
+        "missing or unreadable artifact is a usage error (exit 2). PROVENANCE and the ARTIFACTs go last, "
+        "after the options.",
     )
     check.add_argument("provenance", type=Path, metavar="PROVENANCE", help="the in-toto statement (JSON)")
     check.add_argument(
@@ -96,6 +99,15 @@ def add_provenance(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="ed25519 public key (PEM): PROVENANCE is a signed envelope whose signature is verified first; "
         "a changed payload or another key's signature is exit 1",
+    )
+    check.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        choices=SUBJECT_KINDS,
+        metavar="KIND",
+        help=f"check only the subjects of KIND ({', '.join(SUBJECT_KINDS)}; repeat for more), e.g. "
+        "--only oci-image for an image copied from a registry; the others are named as not checked",
     )
     check.add_argument("--json", action="store_true", help="print a JSON report")
     check.set_defaults(handler=_provenance_check, parser=check)
@@ -165,7 +177,8 @@ def add_verify(commands: argparse._SubParsersAction) -> None:
         help="rebuild targets in a varied environment and compare with the first build",
         description="Build TARGETS in the checkout (the first build), then again in a fresh copy of the "
         "checkout at another path with a clean output base, files created in reverse order, HOME empty, "
-        f"TZ={SECOND_TZ}, LANG/LC_ALL={SECOND_LOCALE} and the umask's group-write bit flipped; disk and "
+        f"TZ={SECOND_TZ}, LANG/LC_ALL={SECOND_LOCALE} (else another installed UTF-8 locale, else C.UTF-8) "
+        "and the umask's group-write bit flipped; disk and "
         "remote caches off, downloads shared through the sha256-verified repository cache. Every output "
         "is compared; an OCI image down to the layer and the file. The last line is the verdict: PASSED "
         "(exit 0) or FAILED (exit 1, each difference with a diffoscope report); a failed build gives no "

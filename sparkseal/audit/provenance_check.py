@@ -8,10 +8,13 @@ root directory (by default the statement's own directory: ``bazel-bin`` for the 
 * ``oci-image`` (an OCI layout directory): the image manifest that ``index.json`` names is hashed, and so
   are the config and every layer blob the manifest names; each must match its digest;
 * ``pex`` (a packed PEX directory): the sha256 of its ``sha256sum``-style listing;
-* ``module-manifest``, ``sbom`` (files): the sha256 of the file.
+* ``module-manifest``, ``sbom`` (SPDX), ``sbom-cyclonedx`` (files): the sha256 of the file.
 
 A digest that differs is a finding (exit 1) naming the subject, the expected and the actual digest; the
-report ends with the verdict, ``PASSED`` or ``FAILED``. It also says what the statement records of the
+report ends with the verdict, ``PASSED`` or ``FAILED``. ``only`` restricts the check to subjects of some
+kinds, for an auditor who holds some of the artifacts only: from a registry, the image (and the SBOMs and
+module manifest it carries), never the PEX. What is left out is named in the report and in the verdict
+line, so that a partial check never reads as a whole one. It also says what the statement records of the
 source (``sparkseal.core.source``): the repository and commit, a build from a dirty tree as such, or that
 the source is unknown and why. A statement that is not an in-toto Statement v1 with SLSA v1 provenance,
 whose record of the Bazel that ran or of the source is malformed
@@ -27,7 +30,7 @@ is checked unsigned by accident.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,7 @@ class Report:
     checks: tuple[Check, ...]
     signed_by: str | None = None  # the public key whose signature verified, for signed statements
     source: Source | None = None  # what the statement records of the source; None: nothing
+    not_checked: tuple[str, ...] = ()  # "NAME (KIND)" of each subject that ``only`` left out
 
     @property
     def ok(self) -> bool:
@@ -139,11 +143,13 @@ def artifact_kind(path: Path) -> str:
             return "module-manifest"
         if data is not None and "spdxVersion" in data:
             return "sbom"
+        if data is not None and data.get("bomFormat") == "CycloneDX":
+            return "sbom-cyclonedx"
     elif not path.exists():
         raise CheckInputError(f"{path}: expected an artifact, found no file or directory")
     raise CheckInputError(
-        f"{path}: expected an OCI layout directory, a PEX directory, a module manifest or an SPDX "
-        "document, found none of these"
+        f"{path}: expected an OCI layout directory, a PEX directory, a module manifest, an SPDX "
+        "document or a CycloneDX document, found none of these"
     )
 
 
@@ -238,15 +244,33 @@ def _verified_payload(provenance: Path, pubkey: Path | None) -> bytes | None:
 
 
 def check(
-    provenance: Path, artifacts: Iterable[Path] = (), root: Path | None = None, pubkey: Path | None = None
+    provenance: Path,
+    artifacts: Iterable[Path] = (),
+    root: Path | None = None,
+    pubkey: Path | None = None,
+    only: Collection[str] = (),
 ) -> Report:
-    """Check every subject of ``provenance``; ``artifacts`` replace the lookup under ``root`` by kind.
+    """Check every subject of ``provenance`` (of the kinds in ``only``, when given); ``artifacts`` replace
+    the lookup under ``root`` by kind.
 
     A signed statement needs ``pubkey``; its signature is verified first (a failure raises
     :class:`sparkseal.core.dsse.SignatureError`).
     """
     payload = _verified_payload(provenance, pubkey)
     source, subjects = _load(provenance, payload)
+    recorded = {subject["annotations"]["kind"] for subject in subjects}
+    absent = [kind for kind in only if kind not in recorded]
+    if absent:
+        raise CheckInputError(
+            f"--only {absent[0]}: expected a kind among the subjects of {provenance} "
+            f"({', '.join(sorted(recorded))}), found none of that kind"
+        )
+    left_out = tuple(
+        f"{subject['name']} ({subject['annotations']['kind']})"
+        for subject in subjects
+        if only and subject["annotations"]["kind"] not in only
+    )
+    subjects = [subject for subject in subjects if not only or subject["annotations"]["kind"] in only]
     given: dict[str, Path] = {}
     for path in artifacts:
         kind = artifact_kind(path)
@@ -256,15 +280,19 @@ def check(
     kinds = {subject["annotations"]["kind"] for subject in subjects}
     unused = sorted(set(given) - kinds)
     if unused:
-        raise CheckInputError(
-            f"{given[unused[0]]}: is a {unused[0]} artifact, but {provenance} has no subject of that kind"
+        why = (
+            "--only leaves that kind out"
+            if unused[0] in recorded
+            else f"{provenance} has no subject of that kind"
         )
+        raise CheckInputError(f"{given[unused[0]]}: is a {unused[0]} artifact, but {why}")
     base = provenance.parent if root is None else root
     checks: list[Check] = []
     for subject in subjects:
         kind = subject["annotations"]["kind"]
         checks += subject_checks(subject, given.get(kind, base / subject["name"]))
-    return Report(str(provenance), tuple(checks), str(pubkey) if payload is not None else None, source)
+    signed_by = str(pubkey) if payload is not None else None
+    return Report(str(provenance), tuple(checks), signed_by, source, left_out)
 
 
 def render(report: Report, as_json: bool) -> str:
@@ -277,6 +305,7 @@ def render(report: Report, as_json: bool) -> str:
             "signed_by": report.signed_by,
             "source": asdict(report.source) if report.source else None,
             "checks": [{**asdict(check), "ok": check.ok} for check in report.checks],
+            "not_checked": list(report.not_checked),
         }
         return json.dumps(body, indent=2, sort_keys=True)
     lines = [f"ok signature (ed25519) verifies with {report.signed_by}"] if report.signed_by else []
@@ -289,6 +318,8 @@ def render(report: Report, as_json: bool) -> str:
                 f"DIFFERS {item.subject} ({item.kind}) at {item.path}: expected sha256:{item.expected} "
                 f"from {report.provenance}, actual sha256:{item.actual}"
             )
+    lines += [f"not checked {subject}: left out by --only" for subject in report.not_checked]
     bad = sum(not item.ok for item in report.checks)
-    lines.append(f"{report.verdict}: {len(report.checks)} checks, {bad} differ")
+    left_out = f"; {len(report.not_checked)} subjects not checked" if report.not_checked else ""
+    lines.append(f"{report.verdict}: {len(report.checks)} checks, {bad} differ{left_out}")
     return "\n".join(lines)

@@ -39,8 +39,12 @@ SECOND_TZ = "Pacific/Kiritimati"
 SECOND_LOCALE = "fr_CH.UTF-8"
 # Bazel 4's server decodes file names with the locale's charset: under a non-UTF-8 (or missing) locale a
 # tree artifact with a non-ASCII name (Debian's ca-certificates has some) fails validation. So the
-# second locale must be an installed UTF-8 one (`localedef -i fr_CH -f UTF-8 fr_CH.UTF-8` adds ours).
+# second locale must be an installed UTF-8 one. `make tools` and `make setup` compile ours
+# (.ci/setup-locale); without it, another installed language's UTF-8 locale, else C.UTF-8, which glibc
+# builds in (2.35 and later; bookworm's is 2.36), so that an auditor's machine varies the locale too, if
+# only from a language's locale to C.UTF-8 (collation, messages).
 UTF8_LOCALE = re.compile(r"(?i)^[a-z]{2,3}_[A-Z]{2}\.utf-?8$")
+BUILTIN_UTF8_LOCALE = "C.UTF-8"
 _BIN = re.compile(r"/bazel-out/[^/]+/bin/(.+)$")
 
 
@@ -206,8 +210,9 @@ def installed_locales() -> list[str]:
 
 
 def second_locale(current: str, available: list[str]) -> str | None:
-    """An installed UTF-8 locale other than ``current``: :data:`SECOND_LOCALE` first; None if none."""
-    names = [SECOND_LOCALE, *sorted(a for a in available if UTF8_LOCALE.match(a))]
+    """An installed UTF-8 locale other than ``current``: :data:`SECOND_LOCALE` first, then another
+    language's, then :data:`BUILTIN_UTF8_LOCALE`; None if none (``current`` is the only one)."""
+    names = [SECOND_LOCALE, *sorted(a for a in available if UTF8_LOCALE.match(a)), BUILTIN_UTF8_LOCALE]
     usable = {a.lower().replace("-", "") for a in available}
     for name in names:
         key = name.lower().replace("-", "")
@@ -226,7 +231,10 @@ def second_environment(home: Path) -> tuple[dict[str, str], dict[str, str], int]
     first_locale = os.environ.get("LC_ALL") or os.environ.get("LANG") or "unset"
     locale = second_locale(first_locale, installed_locales())
     if locale is None:
-        change = f"not varied: no UTF-8 locale other than {first_locale} is installed (Bazel needs UTF-8)"
+        change = (
+            f"not varied: no UTF-8 locale other than {first_locale} is installed (Bazel needs UTF-8; "
+            f"`make tools` compiles {SECOND_LOCALE})"
+        )
     else:
         env.update(LANG=locale, LC_ALL=locale)
         change = f"{first_locale} -> {locale}"

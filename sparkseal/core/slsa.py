@@ -35,10 +35,12 @@ BUILD_TYPE = f"{NAMESPACE}:build-type:image-pex:v1"
 #   oci-image        the OCI layout directory; the digest of the image manifest its index.json names
 #   pex              the packed PEX directory; sha256 of its sha256sum-style listing (digests.tree_digest)
 #   module-manifest  the manifest file; sha256 of its bytes
-#   sbom             the SPDX file; sha256 of its bytes
+#   sbom             the SPDX 2.3 file; sha256 of its bytes
+#   sbom-cyclonedx   the CycloneDX 1.6 file (the format BSI TR-03183-2 names); sha256 of its bytes
 # The action itself reads the first two from the digest files their rules write, never the large trees.
+# Both SBOMs are subjects: whoever is handed either can check it against the signed statement.
 DIGEST_FILE_KINDS = ("oci-image", "pex")
-SUBJECT_KINDS = (*DIGEST_FILE_KINDS, "module-manifest", "sbom")
+SUBJECT_KINDS = (*DIGEST_FILE_KINDS, "module-manifest", "sbom", "sbom-cyclonedx")
 
 PLATFORMS = tuple(sorted(platforms.PLATFORMS))
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")

@@ -86,7 +86,7 @@ class Catalogue:
             import kingfisher  # type: ignore[import-untyped]
         except ImportError:
             raise CatalogueError(
-                f"no secret scanner: expected the kingfisher-bin package (make setup installs it from "
+                f"no secret scanner: expected the kingfisher-bin package (`make tools` installs it from "
                 f".ci/requirements-trust.txt) or --scanner/{SCANNER_ENV} naming the {NAME} binary, found none"
             ) from None
         return cls(Path(kingfisher.get_binary_path()))

@@ -32,7 +32,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         MAX_SCAN_MEMBERS,
         OUTSIDE,
     )
-    from sparkseal.scan.scanner import DEFAULT_ALLOW
+    from sparkseal.scan.scanner import DEFAULT_ALLOW, DEFAULT_IMAGE_ALLOW
     from sparkseal.scan.secret_rules import RULES
 
     scan = commands.add_parser(
@@ -64,7 +64,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--allow",
         type=Path,
         default=None,
-        help=f"allow-list JSON (default: {DEFAULT_ALLOW} of the current directory, when present)",
+        help=f"allow-list JSON for everything scanned (default, from the current directory when present: "
+        f"{DEFAULT_ALLOW} for the files, {DEFAULT_IMAGE_ALLOW} for --image, the list the image build's "
+        "layer scans read)",
     )
     scan.add_argument(
         "--scanner",

@@ -10,7 +10,9 @@ printed. This module walks what is scanned (the checkout as git lists it, paths,
 files to both rule sets and reads the allow-list; it runs git and the catalogue's binary, so it sits above
 the pure core.
 
-The allow-list (``.sparkseal-scan-allow.json`` at the repository root, or ``--allow``) is a JSON object
+The allow-list (``.sparkseal-scan-allow.json`` at the repository root for the checkout's files and
+``PATHS``, ``third_party/scan/image-allow.json`` for ``--image``, the list the image build's layer scans
+read; or ``--allow`` for everything scanned) is a JSON object
 ``{"allow": [{"path": GLOB, "rule": RULE, "reason": TEXT}, ...]}``; ``GLOB`` is matched with
 ``fnmatch`` against the repository path or the path inside the image, ``RULE`` must be a rule id (ours or
 the catalogue's, e.g. ``betterleaks.jwt``, or a glob that matches at least one, e.g. ``betterleaks.*``),
@@ -89,6 +91,10 @@ from sparkseal.scan.secret_rules import (
 )
 
 DEFAULT_ALLOW = Path(".sparkseal-scan-allow.json")
+# The image's allow-list, the one every layer action of the image build reads (//:BUILD's SCAN_ALLOW): what
+# `scan --image` reads by default from the checkout it runs in. The checkout's, not a list carried by the
+# image under audit, so that what the image says of itself cannot wave its own findings through.
+DEFAULT_IMAGE_ALLOW = Path("third_party/scan/image-allow.json")
 SKIP_DIRS = {".git"}
 # Layer members are written to scratch space and handed to the catalogue in batches of about this many
 # bytes: one scanner start per batch, and scratch space bounded even for the torch layer.
@@ -720,13 +726,14 @@ def run_scan(
         scanner = catalogue.describe()
     except CatalogueError as error:
         raise ScanInputError(str(error)) from error
-    if allow is None and (root / DEFAULT_ALLOW).is_file():
-        allow = root / DEFAULT_ALLOW
-    entries = load_allowlist(allow, catalogue) if allow is not None else []
-    findings: list[Finding] = []
     report = Report(scanner=scanner)
+    file_allow, image_allow = _default_allowlists(
+        root, allow, bool(paths) or image is None, image, report.notes
+    )
     if image is not None and not image.exists():
         raise ScanInputError(f"--image {image}: no such file or directory")
+    file_entries = load_allowlist(file_allow, catalogue) if file_allow is not None else []
+    image_entries = load_allowlist(image_allow, catalogue) if image_allow is not None else []
     files: list[tuple[str, Path]] = []
     if paths:
         files = [(file.as_posix(), file) for path in paths for file in _walk(path)]
@@ -734,14 +741,40 @@ def run_scan(
         files = [(name, root / name) for name in repository_files(root)]
     scanned = scan_paths([(file, name) for name, file in files], catalogue)  # sorted
     report.files += scanned.files
-    report.archives, report.notes = scanned.archives, scanned.notes
-    findings.extend(scanned.findings)
+    report.archives = scanned.archives
+    report.notes += scanned.notes
+    image_findings: list[Finding] = []
     if image is not None:
         image_files, image_findings = scan_image(image, catalogue)
         report.files += image_files
-        findings.extend(image_findings)
-    apply_allowlist_to(report, findings, entries)
+    if allow is not None:  # one list for all: each entry is stale only if it covered nothing at all
+        apply_allowlist_to(report, [*scanned.findings, *image_findings], file_entries)
+    else:
+        apply_allowlist_to(report, scanned.findings, file_entries)
+        apply_allowlist_to(report, image_findings, image_entries)
     return report
+
+
+def _default_allowlists(
+    root: Path, allow: Path | None, files_scanned: bool, image: Path | None, notes: list[str]
+) -> tuple[Path | None, Path | None]:
+    """The allow-lists of the files' findings and of the image's: ``allow`` for both when given, else each
+    its own default below ``root`` (:data:`DEFAULT_ALLOW` for files, :data:`DEFAULT_IMAGE_ALLOW` for the
+    image: their paths name different trees), and none for what is not scanned, whose every entry would
+    read as stale. A default that is missing reads as none; for an image a note says so, since the image's
+    known matches then come back as findings."""
+    if allow is not None:
+        return allow, allow
+    files = root / DEFAULT_ALLOW if files_scanned and (root / DEFAULT_ALLOW).is_file() else None
+    if image is None:
+        return files, None
+    if (root / DEFAULT_IMAGE_ALLOW).is_file():
+        return files, root / DEFAULT_IMAGE_ALLOW
+    notes.append(
+        f"no image allow-list: expected {DEFAULT_IMAGE_ALLOW} in {root} (run the scan in a checkout of "
+        "the commit that built the image, or pass --allow), found none: every match is a finding"
+    )
+    return files, None
 
 
 def render(report: Report, as_json: bool) -> str:

@@ -348,7 +348,7 @@ def allow_paths(path: str) -> tuple[str, ...]:
 def apply_allowlist_to(report: Report, findings: list[Finding], allow: list[AllowEntry]) -> None:
     """Add ``findings`` to ``report``: to ``allowed`` where an entry covers one, else to ``findings``.
 
-    Entries that covered nothing become ``report.unused_allow`` (a stale entry is worth a note).
+    Entries that covered nothing are added to ``report.unused_allow`` (a stale entry is worth a note).
     """
     used = set()
     for finding in findings:
@@ -366,7 +366,7 @@ def apply_allowlist_to(report: Report, findings: list[Finding], allow: list[Allo
         else:
             used.add(entry)
             report.allowed.append(finding)
-    report.unused_allow = [e for e in allow if e not in used]
+    report.unused_allow += [e for e in allow if e not in used]
 
 
 def apply_allowlist(findings: list[Finding], allow: list[AllowEntry]) -> Report:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkseal.audit.rebuild import second_locale
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, base_env, make_fixture_workspace
 
 pytestmark = pytest.mark.bazel
@@ -132,18 +131,3 @@ def test_usage_errors_and_failed_builds_exit_2(workspace: Path) -> None:
     assert missing.returncode == 2
     assert "sparkseal verify: no verdict: bazel build //:nothing in " in missing.stderr
     assert "failed (1)" in missing.stderr
-
-
-@pytest.mark.parametrize(
-    ("current", "available", "expected"),
-    [
-        ("C.UTF-8", ["C", "C.utf8", "POSIX", "fr_CH.utf8"], "fr_CH.UTF-8"),
-        ("C.UTF-8", ["C", "C.utf8", "POSIX"], None),  # nothing else that Bazel can run under
-        ("fr_CH.UTF-8", ["C.utf8", "fr_CH.utf8", "en_US.utf8"], "en_US.utf8"),
-        ("C.UTF-8", ["de_DE", "de_DE.iso88591"], None),  # not UTF-8
-    ],
-)
-def test_the_second_locale_is_another_installed_utf8_one(
-    current: str, available: list[str], expected: str | None
-) -> None:
-    assert second_locale(current, available) == expected

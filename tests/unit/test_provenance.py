@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import shutil
 import subprocess
 import time
 import urllib.parse
@@ -20,7 +21,15 @@ from sparkseal import cli
 from sparkseal.actions import provenance, sbom
 from sparkseal.actions.sparkseal_pex import tree_digest
 from tests.bazel_util import BAZEL, MINIMAL_WORKSPACE, REPO, Workspace, base_env, make_fixture_workspace
-from tests.unit.test_sbom import COMMIT, PLATFORM, Inputs, reversed_flags, sbom_args, write_inputs
+from tests.unit.test_sbom import (
+    COMMIT,
+    PLATFORM,
+    SBOM_FIXTURE_TARGETS,
+    Inputs,
+    reversed_flags,
+    sbom_args,
+    write_inputs,
+)
 
 TAG = "sparkseal/vllm:0.25.1-linux_aarch64"
 # The source of the fake build, as Bazel's stable status file holds it (beside Bazel's own keys).
@@ -90,6 +99,10 @@ class Build:
     def sbom(self) -> Path:
         return self.bin / "sbom_linux_aarch64.spdx.json"
 
+    @property
+    def cyclonedx(self) -> Path:
+        return self.bin / "sbom_cyclonedx_linux_aarch64.cdx.json"
+
 
 def provenance_args(build: Build, out: Path) -> list[str]:
     """The action's command line over the fake bazel-bin."""
@@ -109,6 +122,7 @@ def provenance_args(build: Build, out: Path) -> list[str]:
         "--subject", "pex", build.pex.name, str(build.bin / "pex_linux_aarch64.pex.digest"),
         "--subject", "module-manifest", build.manifest.name, str(build.manifest),
         "--subject", "sbom", build.sbom.name, str(build.sbom),
+        "--subject", "sbom-cyclonedx", build.cyclonedx.name, str(build.cyclonedx),
         "--target", "//:image_linux_aarch64",
         "--target", "//:pex_linux_aarch64",
         "--bazel-inferred", "< 6.2",
@@ -120,14 +134,25 @@ def provenance_args(build: Build, out: Path) -> list[str]:
     return args
 
 
-def make_build(root: Path) -> Build:
-    """Write fixture inputs and a fake bazel-bin, then the statement into it."""
+def make_build(
+    root: Path,
+    image_digest: str | None = None,
+    sboms: tuple[Path, Path] | None = None,
+    status: str = STATUS,
+) -> Build:
+    """Write fixture inputs and a fake bazel-bin, then the statement into it.
+
+    The image is a small fake layout unless ``image_digest`` names one built elsewhere (then only its digest
+    file is written: the statement records the digest); the SBOMs are the action's over the fixture inputs
+    unless ``sboms`` are (SPDX, CycloneDX) files built elsewhere; ``status`` is the stable status file
+    (the source)."""
     inputs = write_inputs(root / "in")
-    (root / "in" / "stable-status.txt").write_text(STATUS)
+    (root / "in" / "stable-status.txt").write_text(status)
     out = root / "bazel-bin"
     out.mkdir()
     build = Build(inputs, out, out / "provenance_linux_aarch64.intoto.json")
-    (out / "image_linux_aarch64.digest").write_text(write_layout(build.layout))  # no newline, as oci.py
+    digest = image_digest or write_layout(build.layout)
+    (out / "image_linux_aarch64.digest").write_text(digest)  # no newline, as oci.py
     build.pex.mkdir()
     (build.pex / "PEX-INFO").write_text('{"entry_point": "vllm"}')
     (build.pex / "__main__.py").write_text("print('pex')\n")
@@ -135,7 +160,12 @@ def make_build(root: Path) -> Build:
     (build.pex / ".deps" / "numpy.whl" / "numpy.py").write_text("x = 1\n")
     (out / "pex_linux_aarch64.pex.digest").write_text(tree_digest(build.pex) + "\n")
     build.manifest.write_text(json.dumps({"format": "sparkseal-module-manifest/1", "distributions": {}}))
-    assert sbom.main(sbom_args(inputs, build.sbom)) == 0
+    if sboms is None:
+        assert sbom.main(sbom_args(inputs, build.sbom)) == 0
+        assert sbom.main([*sbom_args(inputs, build.cyclonedx), "--format", "cyclonedx-1.6"]) == 0
+    else:
+        shutil.copyfile(sboms[0], build.sbom)
+        shutil.copyfile(sboms[1], build.cyclonedx)
     assert provenance.main(provenance_args(build, build.statement)) == 0
     return build
 
@@ -224,6 +254,11 @@ def test_statement_subjects(build: Build) -> None:
             "annotations": {"kind": "pex"},
             "digest": {"sha256": tree_digest(build.pex).removeprefix("sha256:")},
             "name": "pex_linux_aarch64.pex",
+        },
+        {
+            "annotations": {"kind": "sbom-cyclonedx"},
+            "digest": {"sha256": _sha(build.cyclonedx.read_bytes())},
+            "name": "sbom_cyclonedx_linux_aarch64.cdx.json",
         },
         {
             "annotations": {"kind": "sbom"},
@@ -445,7 +480,7 @@ def test_missing_subject_kind(build: Build, tmp_path: Path, capsys: pytest.Captu
     assert provenance.main(args) == 1
     assert capsys.readouterr().err.strip() == (
         "provenance: --subject: expected one of each kind module-manifest, oci-image, pex, sbom, "
-        "found module-manifest, oci-image, pex"
+        "sbom-cyclonedx, found module-manifest, oci-image, pex, sbom-cyclonedx"
     )
 
 
@@ -527,23 +562,16 @@ echo "sha256:${{sum%% *}}" > {digest}
 fake_pex = rule(implementation = _fake_pex_impl)
 '''
 
-FIXTURE_BUILD = """\
-load("//rules:defs.bzl", "oci_image", "oci_layer", "provenance", "sbom")
+FIXTURE_BUILD = (
+    """\
+load("//rules:defs.bzl", "oci_image", "oci_layer", "provenance", "sbom", "sbom_cyclonedx")
 load(":fake_pex.bzl", "fake_pex")
 
 PATCHES = ["in/patches/vllm/0001-first.patch", "in/patches/vllm/0002-second.patch"]
 
-sbom(
-    name = "sbom",
-    debian_lock = "in/bookworm_arm64.lock.json",
-    patches = PATCHES,
-    platform = "linux_aarch64",
-    python_lock = "in/requirements_linux_aarch64.files.json",
-    vllm_lock = "in/vllm.lock.json",
-    vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
-    wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
-)
-
+"""
+    + SBOM_FIXTURE_TARGETS
+    + """
 oci_layer(
     name = "layer_app",
     files = {
@@ -583,10 +611,12 @@ provenance(
     platform = "linux_aarch64",
     python_lock = "in/requirements_linux_aarch64.files.json",
     sbom = ":sbom",
+    sbom_cyclonedx = ":sbom_cyclonedx",
     tools_lock = "in/tools.files.json",
     vllm_lock = "in/vllm.lock.json",
 )
 """
+)
 
 
 @pytest.mark.bazel
@@ -648,12 +678,13 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
         ("prov/image", "oci-image"),
         ("prov/manifest.json", "module-manifest"),
         ("prov/sbom.spdx.json", "sbom"),
+        ("prov/sbom_cyclonedx.cdx.json", "sbom-cyclonedx"),
     ]
     definition = statement["predicate"]["buildDefinition"]
     assert definition["externalParameters"] == {
         "cudaArchs": "121a-real",
         "platform": PLATFORM,
-        "targets": ["//prov:app", "//prov:image", "//prov:manifest", "//prov:sbom"],
+        "targets": ["//prov:app", "//prov:image", "//prov:manifest", "//prov:sbom", "//prov:sbom_cyclonedx"],
     }
     patches = [d for d in definition["resolvedDependencies"] if d["annotations"]["role"] == "patch"]
     assert [(d["name"], d["digest"]["sha256"]) for d in patches] == [
@@ -670,7 +701,7 @@ def test_rules_on_a_fixture_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
 
     code, out, err = _check(capsys, "--root", str(bazel_bin), str(statement_path))
     assert code == 0, out + err
-    assert out.splitlines()[-1] == "PASSED: 6 checks, 0 differ"  # 4 subjects + the config and the layer blob
+    assert out.splitlines()[-1] == "PASSED: 7 checks, 0 differ"  # 5 subjects + the config and the layer blob
 
 
 # --- validators of the in-toto attestation framework ---

@@ -35,13 +35,15 @@ def test_check_passes_on_the_build(build: Build, capsys: pytest.CaptureFixture[s
     code, out, _ = _check(capsys, str(build.statement))
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[-1] == "PASSED: 7 checks, 0 differ"  # 4 subjects + config and 2 layer blobs of the image
+    assert lines[-1] == "PASSED: 8 checks, 0 differ"  # 5 subjects + config and 2 layer blobs of the image
     assert lines[0] == f"source: {SOURCE_URI} commit {SOURCE_COMMIT} (clean tree)"
     assert (
         f"ok image_linux_aarch64 (oci-image) {(build.bin / 'image_linux_aarch64.digest').read_text()}"
         in lines
     )
     assert f"ok sbom_linux_aarch64.spdx.json (sbom) sha256:{_sha(build.sbom.read_bytes())}" in lines
+    cyclonedx = _sha(build.cyclonedx.read_bytes())
+    assert f"ok sbom_cyclonedx_linux_aarch64.cdx.json (sbom-cyclonedx) sha256:{cyclonedx}" in lines
 
 
 def test_check_reports_a_changed_manifest(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,7 +58,7 @@ def test_check_reports_a_changed_manifest(build: Build, capsys: pytest.CaptureFi
         f"DIFFERS manifest_linux_aarch64.json (module-manifest) at {build.manifest}: "
         f"expected sha256:{expected} from {build.statement}, actual sha256:{actual}"
     ) in out.splitlines()
-    assert out.splitlines()[-1] == "FAILED: 7 checks, 1 differ"
+    assert out.splitlines()[-1] == "FAILED: 8 checks, 1 differ"
 
 
 def test_check_reports_a_changed_pex_file(build: Build, capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,12 +123,67 @@ def test_check_uses_artifacts_given_by_kind(
     copies = tmp_path / "copies"
     copies.mkdir()
     shutil.copyfile(build.sbom, copies / "image-sbom.json")
+    shutil.copyfile(build.cyclonedx, copies / "image-bom.json")  # told apart by content, not by name
     shutil.copytree(build.pex, copies / "app")
     build.sbom.unlink()
+    build.cyclonedx.unlink()
     shutil.rmtree(build.pex)
-    code, out, _ = _check(capsys, str(build.statement), str(copies / "app"), str(copies / "image-sbom.json"))
+    given = [str(copies / name) for name in ("app", "image-sbom.json", "image-bom.json")]
+    code, out, _ = _check(capsys, str(build.statement), *given)
     assert code == 0, out
-    assert out.splitlines()[-1] == "PASSED: 7 checks, 0 differ"
+    assert out.splitlines()[-1] == "PASSED: 8 checks, 0 differ"
+
+
+def test_only_checks_the_kinds_named_and_says_what_it_left_out(
+    build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image copied from a registry comes without the PEX: ``--only oci-image`` checks the image and
+    names every other subject as not checked, in the report and the verdict line."""
+    copy = shutil.copytree(build.layout, tmp_path / "copy")
+    shutil.rmtree(build.pex)
+    code, out, err = _check(capsys, "--only", "oci-image", str(build.statement), str(copy))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[-5:] == [
+        "not checked manifest_linux_aarch64.json (module-manifest): left out by --only",
+        "not checked pex_linux_aarch64.pex (pex): left out by --only",
+        "not checked sbom_cyclonedx_linux_aarch64.cdx.json (sbom-cyclonedx): left out by --only",
+        "not checked sbom_linux_aarch64.spdx.json (sbom): left out by --only",
+        "PASSED: 4 checks, 0 differ; 4 subjects not checked",
+    ]
+    code, out, _ = _check(capsys, "--only", "oci-image", "--json", str(build.statement), str(copy))
+    assert json.loads(out)["not_checked"] == [
+        "manifest_linux_aarch64.json (module-manifest)",
+        "pex_linux_aarch64.pex (pex)",
+        "sbom_cyclonedx_linux_aarch64.cdx.json (sbom-cyclonedx)",
+        "sbom_linux_aarch64.spdx.json (sbom)",
+    ]
+    # A changed layer still fails; the SBOM given beside the image is checked once --only names it.
+    code, out, _ = _check(capsys, "--only", "oci-image", "--only", "sbom", str(build.statement), str(copy))
+    assert code == 0 and out.splitlines()[-1] == "PASSED: 5 checks, 0 differ; 3 subjects not checked"
+    layer = next(path for path in (copy / "blobs/sha256").iterdir() if path.read_bytes() == b"layer 1")
+    layer.write_bytes(b"layer 2")
+    code, out, _ = _check(capsys, "--only", "oci-image", str(build.statement), str(copy))
+    assert code == 1 and out.splitlines()[-1] == "FAILED: 4 checks, 1 differ; 4 subjects not checked"
+
+
+def test_only_refuses_a_kind_without_subject_or_an_artifact_it_leaves_out(
+    build: Build, capsys: pytest.CaptureFixture[str]
+) -> None:
+    statement = _statement(build)
+    statement["subject"] = [s for s in statement["subject"] if s["annotations"]["kind"] != "pex"]
+    build.statement.write_text(json.dumps(statement))
+    code, _, err = _check(capsys, "--only", "pex", str(build.statement))
+    assert code == 2
+    assert (
+        f"error: --only pex: expected a kind among the subjects of {build.statement} (module-manifest, "
+        "oci-image, sbom, sbom-cyclonedx), found none of that kind"
+    ) in err
+    code, _, err = _check(capsys, "--only", "oci-image", str(build.statement), str(build.sbom))
+    assert code == 2
+    assert f"error: {build.sbom}: is a sbom artifact, but --only leaves that kind out" in err
+    code, _, err = _check(capsys, "--only", "tarball", str(build.statement))
+    assert code == 2 and "argument --only: invalid choice: 'tarball'" in err
 
 
 def test_check_root_option(build: Build, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,8 +231,8 @@ def test_check_refuses_an_artifact_of_no_known_kind(build: Build, capsys: pytest
     code, _, err = _check(capsys, str(build.statement), str(stray))
     assert code == 2
     assert (
-        f"error: {stray}: expected an OCI layout directory, a PEX directory, a module manifest or an SPDX "
-        "document, found none of these"
+        f"error: {stray}: expected an OCI layout directory, a PEX directory, a module manifest, an SPDX "
+        "document or a CycloneDX document, found none of these"
     ) in err
 
 

@@ -66,7 +66,7 @@ def test_signed_statement_verifies_then_its_subjects_are_checked(
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0] == f"ok signature (ed25519) verifies with {public}"
-    assert lines[-1] == "PASSED: 7 checks, 0 differ"
+    assert lines[-1] == "PASSED: 8 checks, 0 differ"
 
 
 def test_signing_is_deterministic(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.recipe import (
+    AUDITING_PAGE,
     FAKE_COPY,
     FAKE_ENTRYPOINT,
     FAKE_FILES,
@@ -33,6 +34,7 @@ from tests.recipe import (
 
 GB10 = ["vars", "pull", "verify", "serve-reference", "record", "stop-reference", "serve", "check"]
 GB10_TP2 = ["vars", "pull", "serve-rank1", "serve-rank0", "check", "stop-rank1", "nccl"]
+AUDIT = ["vars", "copy", "provenance", "checkout", "verify", "scan", "sbom", "vsa"]
 TEXT = PAGE.read_text()
 
 
@@ -41,16 +43,25 @@ def joined(step: Step) -> str:
     return step.text.replace("\\\n", " ")
 
 
-@pytest.mark.parametrize(("recipe", "expected"), [("gb10", GB10), ("gb10-tp2", GB10_TP2)])
-def test_every_step_is_there_in_order_with_its_variables_set(recipe: str, expected: list[str]) -> None:
-    steps = recipe_steps(TEXT, recipe)
-    steps_by_name(steps, expected, recipe)
-    assert undefined_uses(steps) == []
+@pytest.mark.parametrize(
+    ("page", "recipe", "expected"),
+    [(PAGE, "gb10", GB10), (PAGE, "gb10-tp2", GB10_TP2), (AUDITING_PAGE, "audit", AUDIT)],
+)
+def test_every_step_is_there_in_order_with_its_variables_set(
+    page: Path, recipe: str, expected: list[str]
+) -> None:
+    steps = recipe_steps(page.read_text(), recipe, page)
+    steps_by_name(steps, expected, recipe, page)
+    assert undefined_uses(steps, page) == []
     for step in steps:
         checked = subprocess.run(
-            ["bash", "-n"], input=script(steps[0].text, step), capture_output=True, text=True, check=False
+            ["bash", "-n"],
+            input=script(steps[0].text, step, page),
+            capture_output=True,
+            text=True,
+            check=False,
         )
-        assert checked.returncode == 0, f"{PAGE}:{step.line}: step {step.name}: {checked.stderr}"
+        assert checked.returncode == 0, f"{page}:{step.line}: step {step.name}: {checked.stderr}"
 
 
 def test_the_one_gb10_recipe_holds_together() -> None:

@@ -699,12 +699,13 @@ _SBOM_FIXTURE_ARGS = """\
     vllm_wheel = "in/built/vllm-0.25.1-cp38-abi3-manylinux_2_28_aarch64.whl",
     wheels = ["in/built/sparkseal-0.1.0-py3-none-linux_aarch64.whl"],
 """
-# BUILD files take no **kwargs: both rules spell out the same inputs.
-SBOM_FIXTURE_BUILD = (
-    'load("//rules:defs.bzl", "sbom", "sbom_cyclonedx")\n\n'
+# BUILD files take no **kwargs: both rules spell out the same inputs. The targets without their load
+# line, for fixture BUILD files that load more (test_provenance.py, tests/bazel/test_auditing_page.py).
+SBOM_FIXTURE_TARGETS = (
     f'sbom(\n    name = "sbom",\n{_SBOM_FIXTURE_ARGS})\n\n'
     f'sbom_cyclonedx(\n    name = "sbom_cyclonedx",\n{_SBOM_FIXTURE_ARGS})\n'
 )
+SBOM_FIXTURE_BUILD = 'load("//rules:defs.bzl", "sbom", "sbom_cyclonedx")\n\n' + SBOM_FIXTURE_TARGETS
 
 
 @pytest.mark.bazel

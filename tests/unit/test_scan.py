@@ -378,6 +378,41 @@ def test_oci_layout_directory_and_archive(tmp_path: Path) -> None:
     ]
 
 
+def test_an_image_scan_reads_the_checkouts_image_allow_list(tmp_path: Path) -> None:
+    """``--image`` without ``--allow`` reads third_party/scan/image-allow.json of the checkout it runs in,
+    the list the image build's layer scans read, and not the checkout's own list (whose paths name the
+    repository's files, so its entries would all read as stale); without that file, a note says that
+    every match is a finding."""
+    layout = tmp_path / "layout"
+    passwd = f"vllm:x:1000:1000::{HOME}:/bin/sh\n".encode()
+    ids = _oci_layout(layout, [_layer({"etc/passwd": passwd, "etc/app.conf": f"at {HOST_IP}\n".encode()})])
+    checkout = tmp_path / "checkout"
+    (checkout / "third_party/scan").mkdir(parents=True)
+    home = {"path": "etc/passwd", "rule": "home-path", "reason": "the service account's home"}
+    (checkout / "third_party/scan/image-allow.json").write_text(json.dumps({"allow": [home]}))
+    repository = {"path": "etc/app.conf", "rule": "private-ipv4", "reason": "a repository file"}
+    (checkout / scan.DEFAULT_ALLOW).write_text(json.dumps({"allow": [repository]}))
+
+    report = scan.run_scan([], layout, None, root=checkout)
+    assert [f.location() for f in report.findings] == [f"{ids[0]}:etc/app.conf:1:private-ipv4"]
+    assert [f.location() for f in report.allowed] == [f"{ids[0]}:etc/passwd:1:home-path"]
+    assert report.unused_allow == [] and report.notes == []
+    done = _cli("--image", str(layout), cwd=checkout)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{ids[0]}:etc/app.conf:1:private-ipv4: 10.x.x.x",
+        f"2 files scanned, 1 finding(s), 1 allowed {RULES_NOTE}",
+    ]
+
+    (checkout / "third_party/scan/image-allow.json").unlink()
+    report = scan.run_scan([], layout, None, root=checkout)
+    assert len(report.findings) == 2 and report.allowed == []
+    assert report.notes == [
+        f"no image allow-list: expected third_party/scan/image-allow.json in {checkout} (run the scan in a "
+        "checkout of the commit that built the image, or pass --allow), found none: every match is a finding"
+    ]
+
+
 def test_docker_archive(tmp_path: Path) -> None:
     archive = tmp_path / "docker.tar"
     layer = _layer(IMAGE_FILES[0], compress=False)

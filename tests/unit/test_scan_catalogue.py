@@ -200,6 +200,18 @@ def test_a_missing_or_broken_scanner_is_named(tmp_path: Path) -> None:
     )
 
 
+def test_no_installed_scanner_points_to_make_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An auditor's set-up is `make tools` (`make setup` is the test machine's): the message names it."""
+    monkeypatch.delenv("SPARKSEAL_SCANNER", raising=False)
+    monkeypatch.setitem(sys.modules, "kingfisher", None)  # an import of it now fails
+    with pytest.raises(CatalogueError) as caught:
+        Catalogue.find()
+    assert str(caught.value) == (
+        "no secret scanner: expected the kingfisher-bin package (`make tools` installs it from "
+        ".ci/requirements-trust.txt) or --scanner/SPARKSEAL_SCANNER naming the kingfisher binary, found none"
+    )
+
+
 def test_layer_members_are_scanned_by_the_catalogue_in_batches(
     catalogue: Catalogue, samples: dict[str, Family], monkeypatch: pytest.MonkeyPatch
 ) -> None:
