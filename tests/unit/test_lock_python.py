@@ -255,7 +255,9 @@ def workspace(
     (directory / "tools.in").write_text("installer==1.1.0\n")
     vllm_lock = tmp_path / "vllm.lock.json"
     sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    vllm_lock.write_text(json.dumps({"version": "0.25.1", "sdist": {"filename": sdist.name, "sha256": sha}}))
+    # The checked-in lock (every field its reader requires), with the fixture's sdist in place of vLLM's.
+    locked = json.loads((REPO / "third_party/vllm/vllm.lock.json").read_text())
+    vllm_lock.write_text(json.dumps({**locked, "sdist": {"filename": sdist.name, "sha256": sha}}))
     installer = locked_installer_wheel()
     files = {**wheels, "installer-1.1.0-py3-none-any.whl": installer.read_bytes()}
     with FixtureIndex(files) as index:
