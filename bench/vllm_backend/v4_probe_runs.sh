@@ -27,7 +27,7 @@
 #   o  the same reference, then target and draft on vLLM's FlashMLA class (serve-dsv4-dspark
 #      FLASHMLA_SPARSE_DSV4): is vLLM's own class lossless under DSpark on the seeded model?
 #   (m, n and o share one folder, RESULTS/matrix, so the reference is recorded once.)
-# RUNs default to "a z f y"; the mHC runs of section 6b: "c w p q" (u instead of p if the patch does not apply). Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
+# RUNs default to "a z f y"; the mHC runs of section 6b: "c w p q"; the next runs of section 7: "n o m w q". Each run's reports and server log land in RESULTS/NAME/serve-dsv4, its console in
 # RESULTS/NAME.log; then the warm-up's compile caches go to RESULTS/caches (bench/live/device.sh caches).
 # CACHES=DIR first restores the caches a previous machine saved (bench/live/device.sh restore DIR).
 set -uo pipefail
