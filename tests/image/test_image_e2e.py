@@ -145,23 +145,20 @@ def test_imports_load_our_patch_and_the_shipped_bytecode(loaded_image: str) -> N
 def _whole_venv_check_natively(image: str) -> subprocess.CompletedProcess[str]:
     """The default verify-modules of the image's venv, by this checkout's sparkseal on the host's CPU.
 
-    The image's files are read where podman keeps them (``podman image mount``); the code is the same as
-    the image's (both come from this tree; the image's own copy runs it natively on linux/amd64).
+    The image's files are read where podman keeps them (``podman image mount``; a user other than root
+    needs podman's user namespace for that, ``podman unshare``); the code is the same as the image's (both
+    come from this tree; the image's own copy runs it natively on linux/amd64).
     """
-    mounted = _podman("image", "mount", image)
-    assert mounted.returncode == 0, mounted.stderr
-    root = Path(mounted.stdout.strip())
-    try:
-        return subprocess.run(
-            [
-                sys.executable, "-m", "sparkseal", "verify-modules",
-                "--manifest", f"{root}/opt/sparkseal/manifest.json",
-                "--site-packages", f"{root}/opt/venv/lib/python3.11/site-packages",
-            ],
-            cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-    finally:
-        _podman("image", "unmount", image)
+    script = (
+        'root=$(podman image mount "$1") || exit 2\n'
+        "trap 'podman image unmount \"$1\" >/dev/null' EXIT\n"
+        '"$2" -m sparkseal verify-modules --manifest "$root/opt/sparkseal/manifest.json" '
+        '--site-packages "$root/opt/venv/lib/python3.11/site-packages"\n'
+    )
+    command = ["sh", "-c", script, "sh", image, sys.executable]
+    if os.geteuid() != 0:
+        command = ["podman", "unshare", *command]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_manifest_check_passes_inside_the_image(loaded_image: str) -> None:
