@@ -14,7 +14,6 @@ at each level, and each level against the image's.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -27,24 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparkseal.core.pgzip import ParallelGzipWriter
+from sparkseal.core.tar import Digesting
 
 CHUNK = 1 << 20
-
-
-class _Sink:
-    """A write-only target that keeps the size and sha256 of what it is given, not the bytes."""
-
-    def __init__(self) -> None:
-        self.size = 0
-        self.sha256 = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.size += len(data)
-        self.sha256.update(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
 
 
 def decompress(blob: Path, tar: Path) -> int:
@@ -61,12 +45,12 @@ def decompress(blob: Path, tar: Path) -> int:
 
 def compress(tar: Path, level: int) -> tuple[int, str, float]:
     """Compressed size, sha256 and CPU seconds of ``tar`` at ``level`` (one worker)."""
-    sink = _Sink()
+    sink = Digesting()  # counts and hashes, keeps nothing
     cpu = time.process_time()
     with tar.open("rb") as source, ParallelGzipWriter(sink, level, 1) as gz:  # type: ignore[arg-type]
         while chunk := source.read(CHUNK):
             gz.write(chunk)
-    return sink.size, "sha256:" + sink.sha256.hexdigest(), time.process_time() - cpu
+    return sink.size, sink.digest, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,12 +35,17 @@ set -uo pipefail
 results=${1:?usage: $0 RESULTS}
 mkdir -p "$results"
 soak=${SOAK:-3}
-run() { # NAME BACKEND SEED
-    local name=$1 backend=$2 seed=$3 t0=$SECONDS
-    echo "== $name ($backend, seed $seed) $(date +%T)"
-    bench/vllm_backend/h200.sh nan-dsv4-dspark "$results/$name" 1 "$backend" "$seed" "$soak" >"$results/$name.log" 2>&1
+logged() { # NAME COMMAND...: COMMAND into RESULTS/NAME.log, its exit status into RESULTS/NAME.rc
+    local name=$1 t0=$SECONDS
+    shift
+    "$@" >"$results/$name.log" 2>&1
     echo $? >"$results/$name.rc"
     echo "== $name: exit $(cat "$results/$name.rc") after $((SECONDS - t0)) s"
+}
+run() { # NAME BACKEND SEED
+    local name=$1 backend=$2 seed=$3
+    echo "== $name ($backend, seed $seed) $(date +%T)"
+    logged "$name" bench/vllm_backend/h200.sh nan-dsv4-dspark "$results/$name" 1 "$backend" "$seed" "$soak"
     # A summary for the console: a run whose log has none of these lines has said why above.
     grep -h "healthy after\|live-check exit\|not healthy\|exited with status" "$results/$name.log" || true
     local logs=("$results/$name"/serve-dsv4/*.server.log)
@@ -74,12 +79,10 @@ PY
 }
 fix=patches/vllm/0004-deepseek-v4-mhc-small-batch-fused-kernel-coverage.patch
 matrix() { # NAME PHASE BACKEND: an h200.sh phase on the seeded model with CUDA graphs, in RESULTS/matrix
-    local name=$1 phase=$2 backend=$3 t0=$SECONDS
+    local name=$1 phase=$2 backend=$3
     echo "== $name ($phase $backend, seeded weights, CUDA graphs) $(date +%T)"
     V4_SERVE_ARGS="--site $PWD/bench/vllm_backend/hooks --env SPARKSEAL_SEEDED_WEIGHTS=1 --env SPARKSEAL_SAMPLER_NAN=1" \
-        bench/vllm_backend/h200.sh "$phase" "$results/matrix" 0 "$backend" >"$results/$name.log" 2>&1
-    echo $? >"$results/$name.rc"
-    echo "== $name: exit $(cat "$results/$name.rc") after $((SECONDS - t0)) s"
+        logged "$name" bench/vllm_backend/h200.sh "$phase" "$results/matrix" 0 "$backend"
     grep -h "healthy after\|live-check exit\|not healthy\|exited with status\|ok$\|FINDINGS\|speculation\|lossless\|prefix-cache\|sampler-nan\|announced" \
         "$results/$name.log" | cut -c1-400 | head -60
 }

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkseal.core.manifest import IMAGE_MANIFEST_PATH
 from sparkseal.core.oci import read_image
 from sparkseal.core.platforms import MACHINES
 from tests.bazel_util import REPO, Workspace
@@ -152,10 +153,10 @@ def _whole_venv_check_natively(image: str) -> subprocess.CompletedProcess[str]:
     script = (
         'root=$(podman image mount "$1") || exit 2\n'
         "trap 'podman image unmount \"$1\" >/dev/null' EXIT\n"
-        '"$2" -m sparkseal verify-modules --manifest "$root/opt/sparkseal/manifest.json" '
+        '"$2" -m sparkseal verify-modules --manifest "$root$3" '
         '--site-packages "$root/opt/venv/lib/python3.11/site-packages"\n'
     )
-    command = ["sh", "-c", script, "sh", image, sys.executable]
+    command = ["sh", "-c", script, "sh", image, sys.executable, str(IMAGE_MANIFEST_PATH)]
     if os.geteuid() != 0:
         command = ["podman", "unshare", *command]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
@@ -168,14 +169,14 @@ def test_manifest_check_passes_inside_the_image(loaded_image: str) -> None:
     there the image's own command checks sparkseal in the image (it runs on arm64), and the whole venv is
     hashed natively by the same code from the mounted image.
     """
+    sparkseal = "/opt/venv/bin/sparkseal"
     if loaded_image.endswith("-linux_aarch64"):
-        sparkseal = "/opt/venv/bin/sparkseal"
         own = _run(loaded_image, "verify-modules", "--modules", "sparkseal", entrypoint=sparkseal)
         assert own.returncode == 0, own.stdout + own.stderr
         assert own.stdout.startswith("sparkseal:") and own.stdout.rstrip().endswith("OK"), own.stdout
         done = _whole_venv_check_natively(loaded_image)
     else:
-        done = _run(loaded_image, "verify-modules", entrypoint="/opt/venv/bin/sparkseal")
+        done = _run(loaded_image, "verify-modules", entrypoint=sparkseal)
     assert done.returncode == 0, done.stdout + done.stderr
     # The default covers every distribution of the venv (sorted by name), then the files no RECORD names.
     names = [line.split(":")[0] for line in done.stdout.splitlines()]
