@@ -10,6 +10,9 @@
 #       module check and the NCCL sequences of both ranks), results in OUT/live-results.tar.gz. --weights serves seeded
 #       safetensors weights instead of vLLM's dummy weights (see bench/live/test_model.py), and uses vLLM's
 #       own sampler instead of FlashInfer's, whose kernels a fresh machine would first JIT-compile for ~2 min.
+#       replay: tests/gpu/test_dspark_replay_gpu.py on our wheel (must pass) and the unpatched one (must fail);
+#       reference[-ours|-upstream]: live-check --profile reference --dspark-replay against both wheels serving the
+#       seeded model at a 1,048,576-token context (our wheel must pass, the unpatched one fail in dspark-replay).
 #       --trained serves the trained pair (DSPARK_MODEL, default /tmp/sparkseal-dspark; trained first if absent)
 #       on held-out prompts at 32 sequences: plain records the reference and decodes at 1, 8 and 32 clients;
 #       ours and upstream run the same with DSpark and the acceptance floors (FLOOR_ACCEPTANCE,
@@ -36,13 +39,15 @@ install)
     done
     mkdir -p "$root/wheels" "$root/vllm-wheels"
     mv "$root"/in/vllm-*.whl "$root"/in/sparkseal-*.whl "$root/vllm-wheels/"
-    # The upstream delta travels only for the runs that compare with the unpatched wheel.
-    upstream=
-    deltas=("$root"/in/*.delta)
-    if [ -e "${deltas[0]}" ]; then
-        upstream=" and upstream"
-        mv "${deltas[@]}" "$root/vllm-wheels/"
+    # Files carried beside the packs (.stage/extra: a newer sparkseal wheel, the upstream delta) win.
+    if compgen -G ".stage/extra/*" >/dev/null; then
+        if compgen -G ".stage/extra/sparkseal-*.whl" >/dev/null; then rm -f "$root"/vllm-wheels/sparkseal-*.whl; fi
+        cp .stage/extra/* "$root/vllm-wheels/"
     fi
+    # The upstream delta travels only for the runs that compare with the unpatched wheel.
+    if compgen -G "$root/in/*.delta" >/dev/null; then mv "$root"/in/*.delta "$root/vllm-wheels/"; fi
+    upstream=
+    if compgen -G "$root/vllm-wheels/*.delta" >/dev/null; then upstream=" and upstream"; fi
     mv "$root"/in/*.whl "$root/wheels/"
     ours=$(ls "$root"/vllm-wheels/vllm-*.whl)
     pip=("$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check)
@@ -154,6 +159,48 @@ run)
                 --check "$phase-dspark-seqs1:--speculation required --against $ref ${long[*]}"
             serve --name "$phase-dspark-seqs8" --site "$site" --site "$root/deps" --dspark --max-num-seqs 8 \
                 --check "$phase-dspark-conc8:--speculation required --concurrency 8 --against $ref ${long[*]}"
+            ;;
+        replay)
+            # Patch 0001's check, both ways: tests/gpu/test_dspark_replay_gpu.py passes on our wheel and must
+            # fail, naming what the draft step wrote where, on the unpatched upstream wheel.
+            for wheel in ours upstream; do
+                site=$root/ours
+                [ "$wheel" = upstream ] && site=$root/upstream-site
+                rc=0
+                PYTHONPATH="$site:$root/deps:$PWD" "$python" -m pytest -m gpu tests/gpu/test_dspark_replay_gpu.py \
+                    -q -s -p no:cacheprovider >"$results/replay-$wheel.log" 2>&1 || rc=$?
+                echo "replay-$wheel: pytest exit $rc"
+                grep -E "dspark replay probe|AssertionError|draft K/V|padded sample rows|null block" \
+                    "$results/replay-$wheel.log" | cut -c1-400 | head -8 || true
+                if [ "$wheel" = ours ] && [ "$rc" != 0 ]; then failed+=("replay-ours"); fi
+                if [ "$wheel" = upstream ] && { [ "$rc" = 0 ] || ! grep -q "draft K/V\|padded sample rows" \
+                    "$results/replay-$wheel.log"; }; then failed+=("replay-upstream (expected to fail by name)"); fi
+            done
+            ;;
+        reference | reference-ours | reference-upstream)
+            # The reference validation (live-check --profile reference) on the seeded model stretched to a
+            # 1,048,576-token context, with the DSpark replay probe; live-check stops the server itself.
+            long_model=/tmp/sparkseal-model-1m
+            [ -f "$long_model/draft/model.safetensors" ] ||
+                "$python" bench/live/test_model.py --out "$long_model" --weights --max-positions 1048576 >/dev/null
+            wheels="ours upstream"
+            [ "$phase" = reference ] || wheels=${phase#reference-}
+            for wheel in $wheels; do
+                site=$root/ours
+                [ "$wheel" = upstream ] && site=$root/upstream-site
+                "$python" bench/live/serve.py --model-dir "$long_model" --load-format safetensors --out "$results" \
+                    --name "reference-$wheel" --site "$site" --site "$root/deps" --dspark \
+                    --draft-sample-method probabilistic --max-num-seqs 1 --max-model-len 1048576 \
+                    --vllm-arg=--max-num-batched-tokens=4096 --start-deadline 600 \
+                    --env SPARKSEAL_DSPARK_REPLAY=1 --env VLLM_SERVER_DEV_MODE=1 \
+                    --check "reference-$wheel:--profile reference --dspark-replay --teardown-pid {pid}" || {
+                    # The unpatched wheel must fail, through the replay step and nothing else.
+                    if [ "$wheel" = ours ]; then failed+=("reference-ours"); fi
+                }
+                if [ "$wheel" = upstream ] && ! grep -q '"check": "dspark-replay"' "$results/reference-upstream.json"; then
+                    failed+=("reference-upstream (expected a dspark-replay finding)")
+                fi
+            done
             ;;
         tp2)
             serve --name ours-dspark-tp2 --site "$root/ours" --site "$root/deps" --dspark --max-num-seqs 8 \

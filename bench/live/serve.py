@@ -44,6 +44,8 @@ def serve_command(args: argparse.Namespace) -> list[str]:
             "model": str(args.model_dir / "draft"),
             "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
         }
+        if args.draft_sample_method is not None:
+            speculative["draft_sample_method"] = args.draft_sample_method
         if args.draft_attention_backend is not None:
             # vLLM builds the draft with this backend, not the target's --attention-backend
             # (vllm/v1/worker/gpu/spec_decode/dspark/utils.py); unset, vLLM chooses.
@@ -103,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         "--draft-attention-backend",
         help="with --dspark: the draft's attention backend (the speculative config's attention_backend)",
     )
+    parser.add_argument(
+        "--draft-sample-method",
+        choices=("greedy", "probabilistic"),
+        help="with --dspark: the speculative config's draft_sample_method (unset: vLLM's default)",
+    )
     parser.add_argument("--load-format", choices=("dummy", "safetensors"), default="dummy")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-model-len", type=int, default=4096)
@@ -114,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-arg", action="append", default=[], help="one more argument of vllm serve")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
     parser.add_argument("--start-deadline", type=float, default=420.0)
-    parser.add_argument("--check", action="append", default=[], help="NAME:LIVE-CHECK-ARGUMENTS")
+    parser.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        help="NAME:LIVE-CHECK-ARGUMENTS ({pid} there is the server's process id, for --teardown-pid)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -144,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             check_name, _, check_args = check.partition(":")
             report_path = args.out / f"{check_name}.json"
             live = [sys.executable, "-m", "sparkseal", "live-check", f"http://127.0.0.1:{args.port}"]
-            live += [*shlex.split(check_args), "--log", str(log_path), "--json"]
+            arguments = shlex.split(check_args.replace("{pid}", str(process.pid)))
+            live += [*arguments, "--log", str(log_path), "--json"]
             check_env = dict(os.environ, PYTHONPATH=str(REPO))
             t0 = time.monotonic()
             result = subprocess.run(live, env=check_env, capture_output=True, text=True, cwd=REPO)

@@ -33,7 +33,7 @@ INIT_STD = 0.02
 WEIGHT_SEED = 20261201
 
 
-def _common() -> dict:
+def _common(max_positions: int = MAX_POSITIONS) -> dict:
     return {
         "model_type": "qwen3",
         "vocab_size": VOCAB_SIZE,
@@ -43,7 +43,7 @@ def _common() -> dict:
         "num_key_value_heads": 2,
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "attention_bias": False,
@@ -56,13 +56,13 @@ def _common() -> dict:
     }
 
 
-def target_config() -> dict:
-    return {**_common(), "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}
+def target_config(max_positions: int = MAX_POSITIONS) -> dict:
+    return {**_common(max_positions), "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}
 
 
-def draft_config() -> dict:
+def draft_config(max_positions: int = MAX_POSITIONS) -> dict:
     return {
-        **_common(),
+        **_common(max_positions),
         "architectures": ["Qwen3DSparkModel"],
         "num_hidden_layers": 2,
         "target_hidden_size": HIDDEN_SIZE,
@@ -138,9 +138,13 @@ def write_weights(path: Path, shapes: dict[str, tuple[int, ...]], seed: int) -> 
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def write(out: Path, weights: bool = False) -> list[Path]:
+def write(out: Path, weights: bool = False, max_positions: int = MAX_POSITIONS) -> list[Path]:
+    """The two configurations (and with ``weights`` their seeded weights) under ``out``; ``max_positions``
+    stretches the context (the reference validation serves 1,048,576 tokens): rope needs no scaling for
+    that, the weights are the same."""
     written = []
-    for index, (name, config) in enumerate((("target", target_config()), ("draft", draft_config()))):
+    configs = (("target", target_config(max_positions)), ("draft", draft_config(max_positions)))
+    for index, (name, config) in enumerate(configs):
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "config.json"
@@ -158,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for target/ and draft/")
     parser.add_argument("--weights", action="store_true", help="also write seeded model.safetensors files")
+    parser.add_argument(
+        "--max-positions", type=int, default=MAX_POSITIONS, help="max_position_embeddings (%(default)s)"
+    )
     args = parser.parse_args(argv)
-    for path in write(args.out, args.weights):
+    for path in write(args.out, args.weights, args.max_positions):
         print(path)
     return 0
 

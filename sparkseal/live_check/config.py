@@ -315,6 +315,12 @@ class Options:
         valid=DRAFT_TOKENS,
         group=FLOORS,
     )
+    dspark_replay: bool = option(
+        False,
+        "read the DSpark replay probe through POST /collective_rpc (a server with VLLM_SERVER_DEV_MODE=1 "
+        "and SPARKSEAL_DSPARK_REPLAY=1): draft K/V of rejected tokens or in the null block 0, and padded "
+        "sample rows acting as a request, are findings; the bugs vLLM's DSpark fix (patch 0001) removes",
+    )
     log: Path | None = option(None, "the server's log, scanned for failures")
     nccl_logs: Path | None = option(
         None,

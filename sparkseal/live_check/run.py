@@ -10,6 +10,7 @@ from sparkseal.live_check.inputs import load_prompts, load_reference, soak_promp
 from sparkseal.live_check.logs import log_step, module_check_step, nccl_step
 from sparkseal.live_check.lossless import lossless_step
 from sparkseal.live_check.metrics import read_metrics
+from sparkseal.live_check.replay import replay_step
 from sparkseal.live_check.report import Report, Step
 from sparkseal.live_check.speculation import speculation_step
 from sparkseal.live_check.teardown import gpu_idle_step, teardown_step
@@ -44,13 +45,22 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     # Drafted and accepted tokens over the whole check; the soak against (or recorded as) the reference.
     speculation_step(report, options, metrics_before, read_metrics(client, options.timeout), per_request)
     lossless_step(report, options, prompts, results, max_tokens, reference)
+    # What the draft steps wrote where, counted in the engine: before the teardown, while it answers.
+    replay_step(report, options, client)
     _closing_steps(report, options, progress)
     return report
 
 
 def _stop(report: Report, options: Options, progress: Callable[[str], None], why: str, first: bool) -> Report:
     """The request steps skipped for ``why`` (the first request too, if ``first``), then the closing steps."""
-    names = ("first-request",) * first + ("soak", "prefix-cache", "long-context", "speculation", "lossless")
+    names = ("first-request",) * first + (
+        "soak",
+        "prefix-cache",
+        "long-context",
+        "speculation",
+        "lossless",
+        "dspark-replay",
+    )
     for name in names:
         report.steps.append(Step(name, ok=False, skipped=why))
     _closing_steps(report, options, progress)

@@ -293,8 +293,13 @@ def register_attention_backend(environ: Mapping[str, str] | None = None) -> None
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: the rank check, and our attention backend."""
+    """The ``vllm.general_plugins`` entry point: the rank check, our attention backend, and with
+    ``SPARKSEAL_DSPARK_REPLAY=1`` the DSpark replay probe (``sparkseal.vllm_integration.dspark_replay``)."""
     from vllm.distributed import parallel_state
+
+    from sparkseal.vllm_integration import dspark_replay
 
     install_hook(parallel_state)
     register_attention_backend()
+    if dspark_replay.enabled():
+        dspark_replay.install()

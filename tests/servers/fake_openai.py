@@ -65,6 +65,11 @@ class Behaviour:
     long_prompt_over: int = 100_000  # prompts longer than this sleep hang_long seconds
     hang_long: float = 0.0
     drafting_long: bool = True  # count drafted tokens for prompts over long_prompt_over
+    # POST /collective_rpc: None answers 404 (vLLM without VLLM_SERVER_DEV_MODE=1); a list is the workers'
+    # results, as vLLM's dev endpoint returns them ({"results": [...]}); rpc_status another HTTP status.
+    rpc_results: list[Any] | None = None
+    rpc_status: int = 200
+    rpc_calls: list[dict[str, Any]] = field(default_factory=list)
     seen_prompts: list[tuple[int, ...]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, float] = field(default_factory=dict)  # sample name (…_sum, …_count) -> value
@@ -136,6 +141,9 @@ class FakeServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
+                if self.path == "/collective_rpc":
+                    self._send(*server.collective_rpc(body))
+                    return
                 self._send(*server.complete(body))
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
@@ -149,6 +157,16 @@ class FakeServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def collective_rpc(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        b = self.behaviour
+        with self._lock:
+            b.rpc_calls.append(body)
+        if b.rpc_results is None:
+            return 404, b'{"detail": "Not Found"}'
+        if b.rpc_status != 200:
+            return b.rpc_status, json.dumps({"detail": str(b.rpc_results[0])}).encode()
+        return 200, json.dumps({"results": b.rpc_results}).encode()
 
     def metrics(self) -> str:
         b = self.behaviour

@@ -50,6 +50,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
         "long-context",
         "speculation",
         "lossless",
+        "dspark-replay",
         "teardown",
         "gpu-idle",
         "server-log",
