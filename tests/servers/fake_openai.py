@@ -58,6 +58,10 @@ class Behaviour:
     models_status: int = 200
     empty_completions: bool = False
     prefix_caching: bool = True  # a repeated prompt is served from the prefix cache
+    # vLLM serves whole cache blocks from the prefix cache and always computes the last prompt token: 16 is
+    # its default block size; a real DSpark server (bench/results/live_h200.md, run 4) served 28,800 of a
+    # repeated 28,820-token prompt, blocks of 32 to 128 tokens.
+    cache_block_tokens: int = 16
     prefix_metrics: bool = True  # export vllm:prefix_cache_*
     short_completions: bool = False  # every completion stops one token short of max_tokens
     max_model_len: int | None = 1_048_576  # None: /v1/models lists none
@@ -238,7 +242,8 @@ class FakeServer:
             tokens[3] = ranked(best[3], b.cache_rank)
         with self._lock:
             self._count("vllm:prefix_cache_queries", len(prompt))
-            hits = len(prompt) - 1 if repeated and b.prefix_caching else 0
+            whole = (len(prompt) - 1) // b.cache_block_tokens * b.cache_block_tokens
+            hits = whole if repeated and b.prefix_caching else 0
             self._count("vllm:prefix_cache_hits", hits)  # vLLM exports it from start-up, at 0 too
             if b.speculation and b.drafting and (b.drafting_long or not long):
                 steps = max(1, max_tokens // 3)
