@@ -206,7 +206,8 @@ serve-dsv4-dspark)
     # judged). $4 FLASHMLA_SPARSE_DSV4 serves the pair on vLLM's own class instead (a control); $5 puts the
     # draft on another class than the target. Our class refuses a target under speculative decoding (an
     # H200 run died at the first verification step, bench/results/vllm_backend.md 4c): this phase sets the
-    # override, to reproduce that.
+    # override, to reproduce that. The DSpark replay probe counts the draft's writes over both checks and
+    # the second reads it (live-check --dspark-replay: patch 0001's rows on V4's draft groups).
     cap=${3:-0}
     backend=${4:-CUSTOM}
     draft_backend=${5:-$backend}
@@ -217,9 +218,9 @@ serve-dsv4-dspark)
     [ "$draft_backend" = "$backend" ] || name=$name-draft-$draft_backend
     serve_v4 --name "$name" --dspark --draft-attention-backend "$draft_backend" \
         --vllm-arg=--attention-backend --vllm-arg="$backend" --env SPARKSEAL_SPARSE_MLA_MAX_SMEM="$cap" \
-        --env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 \
+        --env SPARKSEAL_SPARSE_MLA_V4_SPECULATIVE=1 --env SPARKSEAL_DSPARK_REPLAY=1 --env VLLM_SERVER_DEV_MODE=1 \
         --check "$name-c1:--speculation required --against $v4_ref ${v4_long[*]}" \
-        --check "$name-c8:--speculation required --concurrency 8 --against $v4_ref ${v4_long[*]}"
+        --check "$name-c8:--speculation required --concurrency 8 --against $v4_ref ${v4_long[*]} --dspark-replay"
     log=$v4_out/$name.server.log
     log_lines "Sparkseal\|sparkseal\|CUSTOM\|DSpark\|Error\|error" "$log" | sort | uniq -c | sed -n 1,30p
     # Our class announces itself once for the target's layers and once more for the draft's; each must,

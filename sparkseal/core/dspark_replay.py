@@ -41,6 +41,8 @@ class Tally:
         logits into that request's row).
     capture_rows_written: request rows of the draft-logits buffer that graph capture wrote, where every
         sample row is padding (a list of request slots; empty when the buffer is absent: greedy drafting).
+    unread_steps: draft steps whose buffers the probe could not read (a vLLM whose speculator differs from
+        0.25.1's); the probe never stops the engine, so these are counted and named instead.
     """
 
     steps: int = 0
@@ -55,6 +57,7 @@ class Tally:
     padded_sample_rows: int = 0
     padded_sample_rows_as_request: int = 0
     capture_rows_written: list[int] | None = None
+    unread_steps: int = 0
 
     def add(self, other: Tally) -> None:
         """Add ``other``'s counts (``capture_rows_written`` is set once, at capture, and kept)."""
@@ -112,10 +115,16 @@ def count_padding(sample_idx_mapping_tail: Sequence[int]) -> Tally:
     )
 
 
-def report(tally: Tally, null_block_bytes: Mapping[str, int]) -> dict[str, Any]:
+def report(tally: Tally, null_block_bytes: Mapping[str, int], error: str | None = None) -> dict[str, Any]:
     """One worker's answer to the RPC: the tally and, per draft attention layer, the non-zero bytes of its
-    null block 0 now (vLLM allocates KV caches zeroed and never hands block 0 to a request)."""
-    return {"format": FORMAT, **asdict(tally), "null_block_bytes": dict(sorted(null_block_bytes.items()))}
+    null block 0 now (vLLM allocates KV caches zeroed and never hands block 0 to a request); ``error``: the
+    first thing the probe could not read, if any."""
+    return {
+        "format": FORMAT,
+        **asdict(tally),
+        "null_block_bytes": dict(sorted(null_block_bytes.items())),
+        "error": error,
+    }
 
 
 def findings(answer: Mapping[str, Any], rank: int = 0) -> list[str]:
@@ -126,6 +135,12 @@ def findings(answer: Mapping[str, Any], rank: int = 0) -> list[str]:
     if answer.get("format") != FORMAT:
         return [f"{where}the replay probe answered format {answer.get('format')!r}, expected {FORMAT!r}"]
     tally = Tally(**{item.name: answer[item.name] for item in fields(Tally)})
+    if tally.unread_steps or answer.get("error"):
+        seen = tally.steps + tally.unread_steps
+        return [
+            f"{where}the replay probe could not read {tally.unread_steps} draft steps of {seen}: "
+            f"{answer.get('error')}"
+        ]
     if tally.steps == 0:
         return [f"{where}the replay probe saw no draft step of a request: nothing was checked"]
     found = []

@@ -89,6 +89,13 @@ def _observe_step(speculator: Any, input_batch: Any, num_rejected: Any, dummy_ru
     return step
 
 
+def _keep_error(speculator: Any, message: str) -> None:
+    """The first error the probe met (the engine goes on; the report names it)."""
+    if getattr(speculator, "_sparkseal_probe_error", None) is None:
+        speculator._sparkseal_probe_error = message[:500]
+        logger.warning("sparkseal: the DSpark replay probe could not read a step: %s", message)
+
+
 def _draft_rows(buffer: Any) -> Any:
     return buffer.view(buffer.shape[0], -1)
 
@@ -113,7 +120,12 @@ def install() -> bool:
         if kwargs.get("dummy_run") and kwargs.get("skip_attn_for_dummy_run"):
             return drafts  # memory profiling: no block tables yet, nothing of 0001's is reached
         num_rejected = kwargs["num_rejected"] if "num_rejected" in kwargs else args[5]
-        tally_of(self).add(_observe_step(self, input_batch, num_rejected, bool(kwargs.get("dummy_run"))))
+        try:
+            step = _observe_step(self, input_batch, num_rejected, bool(kwargs.get("dummy_run")))
+        except Exception as error:  # a check must never stop the engine it checks: count and name it
+            step = Tally(unread_steps=1)
+            _keep_error(self, f"propose: {type(error).__name__}: {error}")
+        tally_of(self).add(step)
         return drafts
 
     @functools.wraps(capture)
@@ -126,15 +138,23 @@ def install() -> bool:
         try:
             return capture(self, *args, **kwargs)
         finally:
-            changed = (_draft_rows(logits) != _SENTINEL).any(dim=1)
-            tally_of(self).capture_rows_written = [int(i) for i in changed.nonzero().flatten().tolist()]
+            try:
+                changed = (_draft_rows(logits) != _SENTINEL).any(dim=1)
+                tally_of(self).capture_rows_written = [int(i) for i in changed.nonzero().flatten().tolist()]
+            except Exception as error:
+                _keep_error(self, f"capture: {type(error).__name__}: {error}")
             logits.copy_(kept)
 
     def answer(self: Any) -> dict[str, Any]:
         speculator = getattr(self.model_runner, "speculator", None)
         if speculator is None:
             return {"error": "this worker runs no speculator"}
-        return report(tally_of(speculator), null_block_bytes(speculator))
+        try:
+            counts = null_block_bytes(speculator)
+        except Exception as error:
+            counts = {}
+            _keep_error(speculator, f"null block: {type(error).__name__}: {error}")
+        return report(tally_of(speculator), counts, getattr(speculator, "_sparkseal_probe_error", None))
 
     setattr(counted_propose, _WRAPPED, True)
     DFlashSpeculator.propose = counted_propose

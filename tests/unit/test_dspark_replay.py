@@ -129,3 +129,15 @@ def test_a_report_without_draft_steps_checked_nothing() -> None:
 
 def test_another_format_is_refused() -> None:
     assert findings({"format": "x/2"}) == [f"the replay probe answered format 'x/2', expected {FORMAT!r}"]
+
+
+def test_steps_the_probe_could_not_read_are_a_finding_that_names_the_error() -> None:
+    tally = clean()
+    tally.unread_steps = 3
+    answer = report(
+        tally, {}, "propose: AttributeError: 'X' object has no attribute '_context_slot_mappings'"
+    )
+    assert findings(answer) == [
+        "the replay probe could not read 3 draft steps of 13: propose: AttributeError: 'X' object has no "
+        "attribute '_context_slot_mappings'"
+    ]
