@@ -28,6 +28,7 @@ VOCAB_SIZE = 4096
 HIDDEN_SIZE = 256
 HEAD_DIM = 64
 MAX_POSITIONS = 8192
+BLOCK_SIZE = 5  # the draft's block: serve.py's num_speculative_tokens
 MASK_TOKEN_ID = VOCAB_SIZE - 1  # never drawn by the prompts (token ids 100..999 by default)
 INIT_STD = 0.02
 WEIGHT_SEED = 20261201
@@ -67,6 +68,7 @@ def draft_config(max_positions: int = MAX_POSITIONS) -> dict:
         "num_hidden_layers": 2,
         "target_hidden_size": HIDDEN_SIZE,
         "markov_rank": 32,
+        "block_size": BLOCK_SIZE,
         "dflash_config": {"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": [1, 2]},
     }
 

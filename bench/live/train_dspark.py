@@ -329,6 +329,9 @@ def configs(shape: Shape, mask_id: int) -> tuple[dict, dict]:
         "num_hidden_layers": DRAFT_LAYERS,
         "target_hidden_size": shape.hidden_size,
         "markov_rank": MARKOV_RANK,
+        # The block the draft was trained on: the speculative-token count to serve it with
+        # (`sparkseal live-check --draft-config` holds the server to it).
+        "block_size": BLOCK,
         "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": list(TARGET_LAYER_IDS)},
     }
     return target, draft

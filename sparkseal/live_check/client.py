@@ -143,7 +143,13 @@ def _top_logprobs(choice: dict[str, Any]) -> list[dict[int, float]]:
 
 
 def complete(
-    client: Client, model: str, prompt: list[int], max_tokens: int, timeout: float, logprobs: int = 0
+    client: Client,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    timeout: float,
+    logprobs: int = 0,
+    ignore_eos: bool = True,
 ) -> Completion:
     """One greedy completion of a token-id prompt, checked for the fields the checks rely on."""
     body: dict[str, Any] = {
@@ -151,8 +157,9 @@ def complete(
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
-        # vLLM extensions: every completion runs to max_tokens, and comes back as token ids.
-        "ignore_eos": True,
+        # vLLM extensions: the completion runs to max_tokens (unless ``ignore_eos`` is off: then it ends at
+        # the model's end of text), and comes back as token ids.
+        "ignore_eos": ignore_eos,
         "return_token_ids": True,
     }
     if logprobs:

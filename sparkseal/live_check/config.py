@@ -6,6 +6,7 @@ command line, a profile or a Python caller) and of their combinations (``check_o
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -58,6 +59,26 @@ class Ascending:
 
     def holds(self, value: Any) -> bool:
         return len(value) == 2 and 0 <= value[0] < value[1]
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Rates from 0 to 1, one per position of the draft block (``--min-position-acceptance``). Same
+    interface as ``Range``: the refusal quotes what was typed."""
+
+    refusal: str
+    typed: bool = True
+
+    def holds(self, value: Any) -> bool:
+        return len(value) > 0 and all(0 <= rate <= 1 for rate in value)
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    """``R0,R1,...`` as floats; other text as no rates, which ``Rates`` refuses in its own words."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        return ()
 
 
 POSITIVE = Range(0, low_open=True, refusal="expected a positive number, got {given!r}", typed=True)
@@ -307,6 +328,16 @@ class Options:
         valid=DRAFT_TOKENS,
         group=FLOORS,
     )
+    min_position_acceptance: tuple[float, ...] | None = option(
+        None,
+        "per position of the draft block, the share of draft steps that accepted a token there (vLLM's "
+        "spec_decode_num_accepted_tokens_per_pos over its drafts, during the check): position 0 first; a "
+        "position below its rate, or one the server does not export, is a finding",
+        metavar="R0,R1,...",
+        parse=_rates,
+        valid=Rates("expected rates from 0 to 1, one per position, as R0,R1,..., got {given!r}"),
+        group=FLOORS,
+    )
     min_request_accepted_length: float | None = option(
         None,
         "the same for every soak request alone, read from /metrics before and after each request (needs "
@@ -320,6 +351,17 @@ class Options:
         "read the DSpark replay probe through POST /collective_rpc (a server with VLLM_SERVER_DEV_MODE=1 "
         "and SPARKSEAL_DSPARK_REPLAY=1): draft K/V of rejected tokens or in the null block 0, and padded "
         "sample rows acting as a request, are findings; the bugs vLLM's DSpark fix (patch 0001) removes",
+    )
+    stop_at_eos: bool = option(
+        False,
+        "soak requests stop at the model's end of text (no ignore_eos): acceptance measured on text as it "
+        "ends, not on generations forced past it; completions may then be shorter than --max-tokens",
+    )
+    draft_config: Path | None = option(
+        None,
+        "the draft's config.json: its block_size (or dflash_config.block_size) must equal the server's "
+        "speculative-token count (the positions /metrics exports), else no request is sent",
+        metavar="FILE",
     )
     log: Path | None = option(None, "the server's log, scanned for failures")
     nccl_logs: Path | None = option(
@@ -351,7 +393,12 @@ class Options:
     def floors(self) -> bool:
         return any(
             floor is not None
-            for floor in (self.min_acceptance, self.min_accepted_length, self.min_request_accepted_length)
+            for floor in (
+                self.min_acceptance,
+                self.min_accepted_length,
+                self.min_position_acceptance,
+                self.min_request_accepted_length,
+            )
         )
 
 
@@ -449,6 +496,8 @@ def check_options(options: Options) -> None:
     _check_exclusive(options)
     if options.log is not None and not options.log.is_file():
         raise UsageError(f"--log {options.log}: no such file")
+    if options.draft_config is not None:
+        draft_block_size(options.draft_config)  # a missing or unreadable file is refused before any request
     if options.nccl_logs is not None and not options.nccl_logs.is_dir():
         raise UsageError(f"--nccl-logs {options.nccl_logs}: expected a folder of per-rank NCCL logs")
     if (options.require_module_check or options.nccl_logs is not None) and options.log is None:
@@ -463,3 +512,28 @@ def check_options(options: Options) -> None:
             f"(got {options.concurrency})"
         )
     _check_added_steps(options)
+
+
+def draft_block_size(path: Path) -> int:
+    """The block size a DSpark/DFlash draft was trained for, from its config.json (``block_size``, or
+    ``dflash_config.block_size``): the speculative-token count it drafts well at (vllm#41834: acceptance fell
+    from 34.7% to 4.4% at 7 speculative tokens against a block of 5)."""
+    try:
+        config = json.loads(path.read_text())
+    except OSError as error:
+        raise UsageError(f"--draft-config {path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise UsageError(f"--draft-config {path}: not JSON: {error}") from None
+    nested = config.get("dflash_config") if isinstance(config, dict) else None
+    for where, value in (
+        ("block_size", config.get("block_size") if isinstance(config, dict) else None),
+        ("dflash_config.block_size", nested.get("block_size") if isinstance(nested, dict) else None),
+    ):
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"--draft-config {path}: {where} is {value!r}, expected a positive integer")
+            return value
+    raise UsageError(
+        f"--draft-config {path}: no block_size (nor dflash_config.block_size): the draft's block size is not "
+        "known"
+    )

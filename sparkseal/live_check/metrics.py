@@ -16,6 +16,11 @@ METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 METRIC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 
 
+# Accepted draft tokens by their position in the draft block, one series per position="N" label: vLLM
+# creates them at start-up, one per speculative token, so their count is the server's speculative-token count.
+METRIC_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
 METRIC_PREFIX_QUERIES = "vllm:prefix_cache_queries"
 
 
@@ -37,8 +42,20 @@ METRIC_DECODE_SUM = "vllm:request_decode_time_seconds_sum"
 METRIC_DECODE_COUNT = "vllm:request_decode_time_seconds_count"
 
 
+def position_key(position: int) -> str:
+    """The key ``parse_metrics`` keeps one position's accepted tokens under, beside the family's sum."""
+    return f"{METRIC_ACCEPTED_PER_POSITION}@{position}"
+
+
+def positions(metrics: dict[str, float] | None) -> dict[int, float]:
+    """Accepted draft tokens per position of the draft block, as ``parse_metrics`` kept them."""
+    prefix = METRIC_ACCEPTED_PER_POSITION + "@"
+    return {int(k.removeprefix(prefix)): v for k, v in (metrics or {}).items() if k.startswith(prefix)}
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum each Prometheus sample family over its labels (``_total`` folded into the family name)."""
+    """Sum each Prometheus sample family over its labels (``_total`` folded into the family name); the
+    per-position acceptance family also per position (``position_key``)."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -55,6 +72,11 @@ def parse_metrics(text: str) -> dict[str, float]:
         except ValueError:
             continue
         totals[name] = totals.get(name, 0.0) + value
+        if name == METRIC_ACCEPTED_PER_POSITION:
+            label = re.search(r'position="(\d+)"', match.group(2) or "")
+            if label:
+                key = position_key(int(label.group(1)))
+                totals[key] = totals.get(key, 0.0) + value
     return totals
 
 

@@ -12,7 +12,7 @@ from sparkseal.live_check.lossless import lossless_step
 from sparkseal.live_check.metrics import read_metrics
 from sparkseal.live_check.replay import replay_step
 from sparkseal.live_check.report import Report, Step
-from sparkseal.live_check.speculation import speculation_step
+from sparkseal.live_check.speculation import draft_fit_step, speculation_step
 from sparkseal.live_check.teardown import gpu_idle_step, teardown_step
 from sparkseal.live_check.traffic import (
     context_step,
@@ -35,6 +35,8 @@ def run(options: Options, progress: Callable[[str], None] = lambda _line: None) 
     if not server_step(report, options, client):
         return _stop(report, options, progress, "the server check failed", first=True)
     metrics_before = read_metrics(client, options.timeout)
+    if not draft_fit_step(report, options, metrics_before):
+        return _stop(report, options, progress, "the draft does not fit the server", first=True)
     prompts, max_tokens = soak_prompts(options, reference, given, report.model)
     if not first_request_step(report, options, client, prompts[0], max_tokens, progress):
         return _stop(report, options, progress, "the first request failed", first=False)

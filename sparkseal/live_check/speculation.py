@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import statistics
 
-from sparkseal.live_check.config import Options
+from sparkseal.live_check.config import Options, draft_block_size
 from sparkseal.live_check.metrics import (
+    METRIC_ACCEPTED_PER_POSITION,
     METRIC_ACCEPTED_TOKENS,
     METRIC_DRAFT_TOKENS,
     METRIC_DRAFTS,
+    positions,
 )
 from sparkseal.live_check.report import Report, Step
 
@@ -83,8 +85,75 @@ def speculation_step(
                     f"the bonus token not counted) is below the floor --min-accepted-length "
                     f"{options.min_accepted_length:g}",
                 )
+        position_figures(report, step, options, before, after, drafts)
         if options.min_request_accepted_length is not None and per_request is not None:
             request_floor(report, step, options.min_request_accepted_length, per_request)
+
+
+def position_figures(
+    report: Report,
+    step: Step,
+    options: Options,
+    before: dict[str, float],
+    after: dict[str, float],
+    drafts: float,
+) -> None:
+    """The acceptance curve over the draft block: per position, the share of the check's draft steps that
+    accepted a token there (a token is accepted only where every one before it was, so the curve falls);
+    against ``--min-position-acceptance``, position by position."""
+    start, end = positions(before), positions(after)
+    curve = [round((end[k] - start.get(k, 0.0)) / drafts, 4) for k in sorted(end)]
+    if curve:
+        step.figures["accepted_per_position"] = curve
+    floors = options.min_position_acceptance
+    if floors is None:
+        return
+    step.figures["floor_position_acceptance"] = list(floors)
+    if len(curve) < len(floors):
+        report.flag(
+            step,
+            "no-position-figures",
+            f"speculation: the server exports {METRIC_ACCEPTED_PER_POSITION} for {len(curve)} positions, "
+            f"--min-position-acceptance names {len(floors)}",
+        )
+    for position, (rate, floor) in enumerate(zip(curve, floors, strict=False)):
+        if rate < floor:
+            report.flag(
+                step,
+                "low-position-acceptance",
+                f"speculation: position {position} of the draft block accepted a token in {rate:.4f} of "
+                f"{int(drafts)} draft steps, below its floor {floor:g} (--min-position-acceptance)",
+            )
+
+
+def draft_fit_step(report: Report, options: Options, metrics: dict[str, float] | None) -> bool:
+    """With ``--draft-config``: the server's speculative-token count (the positions /metrics exports) must
+    be the draft's block size, before any request; False (the checks stop) when it is not, or unknown."""
+    with report.timed("draft-fit", ok=True) as step:
+        if options.draft_config is None:
+            step.skipped = "no --draft-config FILE"
+            return True
+        block = draft_block_size(options.draft_config)
+        served = positions(metrics)
+        step.figures = {"draft_block_size": block, "speculative_tokens": len(served) or None}
+        if not served:
+            report.flag(
+                step,
+                "unknown-speculative-tokens",
+                f"draft fit: the server exports no {METRIC_ACCEPTED_PER_POSITION}: its speculative-token "
+                f"count cannot be held to the draft's block size {block} ({options.draft_config})",
+            )
+            return False
+        if len(served) != block:
+            report.flag(
+                step,
+                "draft-mismatch",
+                f"draft fit: the server drafts {len(served)} tokens per step, but the draft "
+                f"{options.draft_config} was trained for blocks of {block}: serve it with "
+                f'"num_speculative_tokens": {block}',
+            )
+            return False
+        return True
 
 
 def request_floor(

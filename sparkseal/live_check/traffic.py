@@ -50,6 +50,7 @@ def _soak_requests(
     timeout: float,
     concurrency: int,
     logprobs: int,
+    ignore_eos: bool = True,
 ) -> tuple[list[Completion | RequestFailed], float]:
     """Run every prompt once with ``concurrency`` clients; results in prompt order, and the wall time."""
     results: list[Completion | RequestFailed | None] = [None] * len(prompts)
@@ -63,7 +64,9 @@ def _soak_requests(
             if index is None:
                 return
             try:
-                results[index] = complete(client, model, prompts[index], max_tokens, timeout, logprobs)
+                results[index] = complete(
+                    client, model, prompts[index], max_tokens, timeout, logprobs, ignore_eos
+                )
             except RequestFailed as error:
                 results[index] = error
             except Unreachable as error:
@@ -79,7 +82,13 @@ def _soak_requests(
 
 
 def _serial_soak_with_metrics(
-    client: Client, model: str, prompts: list[list[int]], max_tokens: int, timeout: float, logprobs: int
+    client: Client,
+    model: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    timeout: float,
+    logprobs: int,
+    ignore_eos: bool = True,
 ) -> tuple[list[Completion | RequestFailed], float, list[tuple[int, int] | None]]:
     """The soak with one client, reading the speculative-decoding counters around every request: each
     request's (drafts, accepted tokens), None where a request failed or /metrics did not answer."""
@@ -89,7 +98,7 @@ def _serial_soak_with_metrics(
     for prompt in prompts:
         before = read_metrics(client, timeout)
         try:
-            results.append(complete(client, model, prompt, max_tokens, timeout, logprobs))
+            results.append(complete(client, model, prompt, max_tokens, timeout, logprobs, ignore_eos))
         except RequestFailed as error:
             results.append(error)
             per_request.append(None)
@@ -176,11 +185,18 @@ def soak_step(
     per_request: list[tuple[int, int] | None] | None = None
     if options.min_request_accepted_length is not None:
         results, wall, per_request = _serial_soak_with_metrics(
-            client, report.model, prompts, max_tokens, options.timeout, logprobs
+            client, report.model, prompts, max_tokens, options.timeout, logprobs, not options.stop_at_eos
         )
     else:
         results, wall = _soak_requests(
-            client, report.model, prompts, max_tokens, options.timeout, options.concurrency, logprobs
+            client,
+            report.model,
+            prompts,
+            max_tokens,
+            options.timeout,
+            options.concurrency,
+            logprobs,
+            not options.stop_at_eos,
         )
     soak_after = read_metrics(client, options.timeout)
     done = [r for r in results if isinstance(r, Completion)]
@@ -214,12 +230,15 @@ def soak_step(
     if empty:
         report.flag(soak, "empty", f"soak: {len(empty)} request(s) returned no tokens (first: #{empty[0]})")
     # Every request sets ignore_eos, so each runs to max_tokens: fewer is a server that stopped early.
+    # With --stop-at-eos a request ends where the model's text does: counted, not a finding.
     short = [
         (i, r.completion_tokens)
         for i, r in enumerate(results)
         if isinstance(r, Completion) and 0 < r.completion_tokens < max_tokens
     ]
-    if short:
+    if options.stop_at_eos:
+        soak.figures["stopped_at_eos"] = len(short)
+    elif short:
         index, count = short[0]
         report.flag(
             soak,

@@ -52,6 +52,8 @@ class Behaviour:
     rank_step: float = 1.0  # and between each further rank and the one before it
     cache_rank: int | None = None  # a repeated prompt takes the token of this rank at position 3
     accepted_per_draft: int = 2  # of 5 drafted tokens per draft step
+    speculative_tokens: int = 5  # positions of vllm:spec_decode_num_accepted_tokens_per_pos
+    stops_at: int | None = None  # without ignore_eos, completions end after this many tokens
     weak_request: int | None = None  # the n-th distinct prompt accepts weak_accepted_per_draft instead
     weak_accepted_per_draft: int = 0
     decode_s_per_token: float = 0.002
@@ -184,6 +186,14 @@ class FakeServer:
         if b.speculation:  # vLLM registers the counters at start-up, so they exist at 0 before any draft
             for name in SPEC_COUNTERS:
                 counters.setdefault(name, 0.0)
+        if b.speculation:  # one series per position, all created at start-up as vLLM does
+            family = "vllm:spec_decode_num_accepted_tokens_per_pos"
+            lines.append(f"# TYPE {family} counter")
+            for position in range(b.speculative_tokens):
+                value = counters.pop(f"{family}@{position}", 0.0)
+                labels = f'engine="0",model_name="{MODEL}",position="{position}"'
+                lines.append(f"{family}_total{{{labels}}} {value}")
+        counters = {k: v for k, v in counters.items() if "@" not in k}
         for name, value in sorted(counters.items()):
             if name.startswith("vllm:spec_decode") and not b.speculation:
                 continue
@@ -230,6 +240,8 @@ class FakeServer:
             )
             return 400, json.dumps({"error": {"message": message, "code": 400}}).encode()
         max_tokens = 0 if b.empty_completions else asked - b.short_completions
+        if b.stops_at is not None and body.get("ignore_eos") is False:
+            max_tokens = min(max_tokens, b.stops_at)
         best = answer(list(prompt), max_tokens)
         tokens = list(best)
         if (b.cache_differs and repeated) or (
@@ -252,6 +264,9 @@ class FakeServer:
                 self._count("vllm:spec_decode_num_drafts", steps)
                 self._count("vllm:spec_decode_num_draft_tokens", 5 * steps)
                 self._count("vllm:spec_decode_num_accepted_tokens", per_step * steps)
+                # A token is accepted at a position only where every one before it was.
+                for position in range(min(per_step, b.speculative_tokens)):
+                    self._count(f"vllm:spec_decode_num_accepted_tokens_per_pos@{position}", steps)
             if tokens:
                 for name, value in (
                     ("vllm:request_generation_tokens_sum", len(tokens)),

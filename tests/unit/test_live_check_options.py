@@ -44,6 +44,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
     document = json.loads(passed.stdout)
     assert document["ok"] is True and [s["name"] for s in document["steps"]] == [
         "server",
+        "draft-fit",
         "first-request",
         "soak",
         "prefix-cache",

@@ -131,6 +131,7 @@ def _speculative(dspark: bool, draft_attention_backend: str | None = None) -> di
         tensor_parallel_size=1,
         vllm_arg=["--attention-backend", "CUSTOM"],
         dspark=dspark,
+        draft_sample_method=None,
         draft_attention_backend=draft_attention_backend,
     )
     command = serve.serve_command(args)
