@@ -109,6 +109,10 @@ run)
     long=(--long-prompt-tokens 2048 --vocab 100:1000)
     held=(--prompts "$model/prompts.json" --soak "${SOAK:-64}" --max-tokens "${MAX_TOKENS:-128}")
     floors=(--min-acceptance "${FLOOR_ACCEPTANCE:-0.5}" --min-accepted-length "${FLOOR_ACCEPTED:-2.5}")
+    # The trained draft's block size holds the server's speculative-token count (refused before any request).
+    [ -z "$trained" ] || floors+=(--draft-config "$model/draft/config.json")
+    # FLOOR_POSITIONS=R0,R1,...: per-position acceptance floors (live-check --min-position-acceptance).
+    [ -z "${FLOOR_POSITIONS:-}" ] || floors+=(--min-position-acceptance "$FLOOR_POSITIONS")
     for phase in $phases; do
         if [ -n "$trained" ]; then
             case $phase in

@@ -207,8 +207,22 @@ class Qwen3Target(nn.Module):
         return self.model.norm(x), aux
 
     @torch.no_grad()
-    def generate(self, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy continuation ``[B, L + new]`` of same-length ``prompts`` ``[B, L]`` (key/value cached)."""
+    def generate(
+        self,
+        prompts: torch.Tensor,
+        new_tokens: int,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continuation ``[B, L + new]`` of same-length ``prompts`` ``[B, L]`` (key/value cached): greedy, or
+        sampled at ``temperature`` from ``generator`` (on the prompts' device; seeded, so repeatable)."""
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            if temperature <= 0:
+                return logits.argmax(-1)
+            probs = torch.softmax(logits.float()[:, -1] / temperature, dim=-1)
+            return torch.multinomial(probs, 1, generator=generator)
+
         batch, length = prompts.shape
         total = length + new_tokens
         device = prompts.device
@@ -221,7 +235,7 @@ class Qwen3Target(nn.Module):
         for layer in self.model.layers:
             x, kv = layer(x, cos_all[:, :length], sin_all[:, :length], causal=True)
             caches.append(kv)
-        next_token = self.lm_head(self.model.norm(x[:, -1:])).argmax(-1)
+        next_token = pick(self.lm_head(self.model.norm(x[:, -1:])))
         for step in range(new_tokens):
             at = length + step
             tokens[:, at] = next_token[:, 0]
@@ -235,7 +249,7 @@ class Qwen3Target(nn.Module):
                     torch.cat((caches[index][0], kv[0]), 2),
                     torch.cat((caches[index][1], kv[1]), 2),
                 )
-            next_token = self.lm_head(self.model.norm(x)).argmax(-1)
+            next_token = pick(self.lm_head(self.model.norm(x)))
         return tokens
 
 

@@ -262,3 +262,26 @@ def test_the_pipeline_at_toy_size_writes_loadable_checkpoints(tmp_path: Path):
     assert target.model.embed_tokens.weight[mask_id].abs().sum() > 0
     check = manifest["offline_check"]
     assert 0.0 <= check["acceptance_rate"] <= 1.0 and check["draft_steps"] > 0
+    # The block the draft was trained on is what live-check --draft-config holds a server to.
+    assert draft_config["block_size"] == train_dspark.BLOCK == 5
+    uncertainty = manifest["target_on_heldout"]
+    assert uncertainty["mean_entropy_nats"] >= 0 and 0 < uncertainty["mean_top1_probability"] <= 1
+    assert manifest["plan"]["draft_sampled"] == 0.5
+
+
+def test_sampled_generation_is_repeatable_and_temperature_zero_is_greedy():
+    torch.manual_seed(0)
+    target = tiny_qwen3.Qwen3Target(
+        tiny_qwen3.Shape(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16
+        ),
+        1,
+    )
+    prompts = torch.randint(0, 64, (3, 5))
+    with torch.no_grad():
+        greedy = target.generate(prompts, 6)
+        assert torch.equal(target.generate(prompts, 6, temperature=0.0), greedy)
+        one = target.generate(prompts, 6, 1.0, torch.Generator().manual_seed(7))
+        two = target.generate(prompts, 6, 1.0, torch.Generator().manual_seed(7))
+    assert torch.equal(one, two) and torch.equal(one[:, :5], prompts)
+    assert not torch.equal(one, greedy)
