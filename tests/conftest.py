@@ -118,3 +118,22 @@ def h200_vllm() -> None:
         pytest.skip("FlashMLA, the reference, runs on capability 9.0 here")
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not importable: stage our wheel first (bench/vllm_backend/h200.sh)")
+
+
+@pytest.fixture
+def vllm_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's offline engine with its engine core in this process, so a test can observe (and patch) the
+    worker's speculator; skips without a CUDA GPU or an importable vLLM. vLLM's own sampler (FlashInfer's
+    would first JIT-compile for minutes on a fresh machine), and no vLLM plugins: the checkout's sparkseal
+    may sit on sys.path beside an installed wheel, whose files the plugin's module check would rightly
+    refuse."""
+    import importlib.util
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: torch.cuda.is_available() is false")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    monkeypatch.setenv("VLLM_PLUGINS", "")

@@ -13,7 +13,6 @@ Needs a CUDA GPU, an importable vLLM with DSpark (v0.25.1) and the trained model
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -38,12 +37,8 @@ MIN_BLOCK_AGREEMENT = 0.9
 MIN_FIRST_TOKEN_AGREEMENT = 0.95
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU: torch.cuda.is_available() is false")
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not installed")
+@pytest.fixture
+def model_dir(vllm_in_process: None) -> Path:
     folder = os.environ.get("SPARKSEAL_DSPARK_MODEL")
     if not folder or not (Path(folder) / "draft" / "model.safetensors").is_file():
         pytest.skip("no trained model: set SPARKSEAL_DSPARK_MODEL to bench/live/train_dspark.py's --out")
@@ -51,12 +46,7 @@ def model_dir() -> Path:
 
 
 def test_vllm_drafts_what_the_training_forward_drafts(model_dir: Path, monkeypatch: pytest.MonkeyPatch):
-    # The engine core in this process, so that the speculator can be observed.
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    # No vLLM plugins: the checkout's sparkseal package is on sys.path ahead of the installed wheel, and
-    # the sparkseal plugin rightly refuses module files that no installed RECORD vouches for.
-    monkeypatch.setenv("VLLM_PLUGINS", "")
+    # The engine core runs in this process (vllm_in_process), so that the speculator can be observed.
     from vllm import LLM, SamplingParams
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 

@@ -37,27 +37,14 @@ REQUESTS = 24
 MAX_NUM_SEQS = 8
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU: torch.cuda.is_available() is false")
-    for module in ("vllm", "safetensors"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed")
-    out = tmp_path_factory.mktemp("dspark-model")
-    test_model.write(out, weights=True)
-    return out
-
-
 def test_draft_steps_leave_rejected_null_block_and_padded_rows_inert(
-    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_in_process: None, tmp_path: Path
 ) -> None:
-    # The engine core in this process, so the probe is installed where the speculator runs; no plugins,
-    # since the checkout's sparkseal may sit on sys.path beside an installed wheel that the plugin's module
-    # check would rightly refuse.
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    monkeypatch.setenv("VLLM_PLUGINS", "")
+    if importlib.util.find_spec("safetensors") is None:
+        pytest.skip("safetensors is not installed")
+    model_dir = tmp_path / "dspark-model"
+    test_model.write(model_dir, weights=True)
+    # The probe is installed in this process, where the engine core and its speculator run.
     from vllm import LLM, SamplingParams
 
     from sparkseal.vllm_integration import dspark_replay
