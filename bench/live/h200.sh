@@ -185,7 +185,13 @@ run)
         reference | reference-ours | reference-upstream)
             # The reference validation (live-check --profile reference) on the seeded model stretched to a
             # 1,048,576-token context, with the DSpark replay probe; live-check stops the server itself.
+            # REFERENCE_MODEL=DIR serves a trained pair (train_dspark.py's --out) stretched the same way.
             long_model=/tmp/sparkseal-model-1m
+            if [ -n "${REFERENCE_MODEL:-}" ]; then
+                long_model=/tmp/sparkseal-model-1m-trained
+                rm -rf "$long_model" && cp -r "$REFERENCE_MODEL" "$long_model"
+                "$python" bench/live/test_model.py --stretch "$long_model" --max-positions 1048576
+            fi
             [ -f "$long_model/draft/model.safetensors" ] ||
                 "$python" bench/live/test_model.py --out "$long_model" --weights --max-positions 1048576 >/dev/null
             wheels="ours upstream"

@@ -158,16 +158,45 @@ def write(out: Path, weights: bool = False, max_positions: int = MAX_POSITIONS) 
     return written
 
 
+def stretch(folder: Path, max_positions: int) -> list[Path]:
+    """Rewrite ``max_position_embeddings`` of both configurations under ``folder``; nothing else changes.
+    Rope (the default kind, no scaling) computes any position, so the weights serve the longer context as
+    they are; a missing configuration is an error naming it."""
+    written = []
+    for name in ("target", "draft"):
+        path = folder / name / "config.json"
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such configuration")
+        config = json.loads(path.read_text())
+        config["max_position_embeddings"] = max_positions
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, required=True, help="folder for target/ and draft/")
+    parser.add_argument("--out", type=Path, help="folder for target/ and draft/")
+    parser.add_argument(
+        "--stretch",
+        type=Path,
+        metavar="DIR",
+        help="instead: set max_position_embeddings (--max-positions) in DIR/target and DIR/draft's configs, "
+        "weights untouched (a trained pair served at a longer context)",
+    )
     parser.add_argument("--weights", action="store_true", help="also write seeded model.safetensors files")
     parser.add_argument(
         "--max-positions", type=int, default=MAX_POSITIONS, help="max_position_embeddings (%(default)s)"
     )
     args = parser.parse_args(argv)
+    if args.stretch is not None:
+        for path in stretch(args.stretch, args.max_positions):
+            print(path)
+        return 0
+    if args.out is None:
+        parser.error("give --out DIR (or --stretch DIR)")
     for path in write(args.out, args.weights, args.max_positions):
         print(path)
     return 0

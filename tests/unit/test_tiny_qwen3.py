@@ -285,3 +285,14 @@ def test_sampled_generation_is_repeatable_and_temperature_zero_is_greedy():
         two = target.generate(prompts, 6, 1.0, torch.Generator().manual_seed(7))
     assert torch.equal(one, two) and torch.equal(one[:, :5], prompts)
     assert not torch.equal(one, greedy)
+
+
+def test_stretch_sets_the_context_of_both_configurations_and_nothing_else(tmp_path: Path):
+    test_model.write(tmp_path)
+    before = {name: json.loads((tmp_path / name / "config.json").read_text()) for name in ("target", "draft")}
+    assert test_model.main(["--stretch", str(tmp_path), "--max-positions", "1048576"]) == 0
+    for name, config in before.items():
+        after = json.loads((tmp_path / name / "config.json").read_text())
+        assert after == {**config, "max_position_embeddings": 1_048_576}
+    with pytest.raises(SystemExit, match=r"absent/target/config\.json: no such configuration"):
+        test_model.stretch(tmp_path / "absent", 1_048_576)
