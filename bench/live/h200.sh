@@ -182,6 +182,24 @@ run)
                     "$results/replay-$wheel.log"; }; then failed+=("replay-upstream (expected to fail by name)"); fi
             done
             ;;
+        fit)
+            # live-check's acceptance reading on a real server (issue 49): the per-position curve from vLLM's
+            # counters, a draft whose block fits, one that does not (refused before any request), and a soak
+            # that stops at the end of its text.
+            misfit=$results/misfit-draft-config.json
+            "$python" -c 'import json,sys; c=json.load(open(sys.argv[1])); c["block_size"]=7; json.dump(c, open(sys.argv[2], "w"))' \
+                "$model/draft/config.json" "$misfit"
+            fit_args="--speculation required --soak 16 --max-tokens 32 --long-prompt-tokens 256 ${long[*]:2}"
+            "$python" bench/live/serve.py --model-dir "$model" --load-format "$format" --out "$results" \
+                --name fit-dspark --site "$root/ours" --site "$root/deps" --dspark --max-num-seqs 8 \
+                --check "fit:--draft-config $model/draft/config.json --min-position-acceptance 0,0,0,0,0 $fit_args" \
+                --check "fit-eos:--stop-at-eos $fit_args" \
+                --check "misfit:--draft-config $misfit $fit_args" || true  # misfit must fail: judged below
+            for name in fit fit-eos; do
+                grep -q '"ok": true' "$results/$name.json" || failed+=("$name")
+            done
+            grep -q '"kind": "draft-mismatch"' "$results/misfit.json" || failed+=("misfit (expected draft-mismatch)")
+            ;;
         reference | reference-ours | reference-upstream)
             # The reference validation (live-check --profile reference) on the seeded model stretched to a
             # 1,048,576-token context, with the DSpark replay probe; live-check stops the server itself.
