@@ -195,9 +195,12 @@ run)
                 --check "fit:--draft-config $model/draft/config.json --min-position-acceptance 0,0,0,0,0 $fit_args" \
                 --check "fit-eos:--stop-at-eos $fit_args" \
                 --check "misfit:--draft-config $misfit $fit_args" || true  # misfit must fail: judged below
-            for name in fit fit-eos; do
-                grep -q '"ok": true' "$results/$name.json" || failed+=("$name")
+            for name in fit fit-eos misfit; do
+                "$python" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r["ok"], [f["kind"] for f in r["findings"]], {s["name"]: s.get("figures") for s in r["steps"] if s["name"] in ("draft-fit", "speculation", "soak")})' \
+                    "$results/$name.json" "$name" || failed+=("$name unreadable")
             done
+            "$python" -c 'import json,sys; assert json.load(open(sys.argv[1]))["ok"]' "$results/fit.json" || failed+=("fit")
+            "$python" -c 'import json,sys; assert json.load(open(sys.argv[1]))["ok"]' "$results/fit-eos.json" || failed+=("fit-eos")
             grep -q '"kind": "draft-mismatch"' "$results/misfit.json" || failed+=("misfit (expected draft-mismatch)")
             ;;
         reference | reference-ours | reference-upstream)
