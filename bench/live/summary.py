@@ -1,7 +1,8 @@
 """Tabulate one ``h200.sh run OUT --trained`` folder of live-check reports (Markdown, for live_h200.md).
 
 One row per check; then DSpark against plain decoding at 1, 8 and 32 clients (the server's own per-request
-decode speed, and the clients' wall-clock output rate); then every request's acceptance at one client,
+decode speed, and the clients' wall-clock output rate); then each check's acceptance curve over the draft
+block's positions; then every request's acceptance at one client,
 our wheel against the unpatched one, request by request, since an average can hide a few requests.
 
     python3 bench/live/summary.py /tmp/sparkseal-live-trained
@@ -90,6 +91,28 @@ def ratios(found: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def position_curves(found: dict[str, dict[str, Any]]) -> list[str]:
+    """Each speculating check's acceptance curve over the draft block: the share of its draft steps that
+    accepted a token at each position (live-check's ``accepted_per_position``, the check's own deltas)."""
+    curves = {
+        name: step(report, "speculation")["figures"].get("accepted_per_position")
+        for name, report in found.items()
+        if "unreadable" not in report
+    }
+    curves = {name: curve for name, curve in curves.items() if curve}
+    if not curves:
+        return ["per-position acceptance: no check reports accepted_per_position"]
+    width = max(len(curve) for curve in curves.values())
+    lines = [
+        "| check | " + " | ".join(f"position {k}" for k in range(width)) + " |",
+        "|---|" + "---:|" * width,
+    ]
+    for name, curve in curves.items():
+        cells = [f"{rate:.3f}" for rate in curve] + ["—"] * (width - len(curve))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def per_request(found: dict[str, dict[str, Any]]) -> list[str]:
     ours = step(found.get("ours-requests", {}), "speculation").get("details", {}).get("per_request")
     upstream = step(found.get("upstream-requests", {}), "speculation").get("details", {}).get("per_request")
@@ -126,7 +149,9 @@ def main(argv: list[str]) -> int:
     if not found:
         print(f"summary: {folder}: expected live-check reports (*.json), found none", file=sys.stderr)
         return 1
-    print("\n".join([*table(found), "", *ratios(found), "", *per_request(found)]))
+    print(
+        "\n".join([*table(found), "", *ratios(found), "", *position_curves(found), "", *per_request(found)])
+    )
     unreadable = sorted(name for name, report in found.items() if "unreadable" in report)
     if unreadable:
         names = ", ".join(f"{name}.json" for name in unreadable)

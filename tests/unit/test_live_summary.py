@@ -45,3 +45,25 @@ def test_the_live_summary_names_per_request_lists_without_a_draft_step(tmp_path:
     done = _summary(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "per-request acceptance: upstream-requests has no request that made a draft step" in done.stdout
+
+
+def test_the_live_summary_tabulates_each_checks_acceptance_curve(tmp_path: Path) -> None:
+    for name, curve in (
+        ("ours-c1", [0.9, 0.71, 0.5, 0.333, 0.2]),
+        ("ours-c8", [0.8, 0.6]),
+        ("plain-c1", None),
+    ):
+        figures = {"accepted_per_position": curve} if curve else {}
+        step = {"name": "speculation", "figures": figures, "details": {}}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"ok": True, "findings": [], "steps": [step]}))
+    done = _summary(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "| check | position 0 | position 1 | position 2 | position 3 | position 4 |\n"
+        "|---|---:|---:|---:|---:|---:|\n"
+        "| ours-c1 | 0.900 | 0.710 | 0.500 | 0.333 | 0.200 |\n"
+        "| ours-c8 | 0.800 | 0.600 | — | — | — |\n"
+    ) in done.stdout
+    (tmp_path / "ours-c1.json").unlink()
+    (tmp_path / "ours-c8.json").unlink()
+    assert "per-position acceptance: no check reports accepted_per_position" in _summary(tmp_path).stdout
