@@ -18,7 +18,8 @@
 #       ours and upstream run the same with DSpark and the acceptance floors (FLOOR_ACCEPTANCE,
 #       FLOOR_ACCEPTED), then once more at one client with the per-request floor (FLOOR_REQUEST), whose
 #       /metrics reads between requests would slow the wall-clock figure; agree runs the GPU test that holds
-#       vLLM's drafts to the training forward's (tests/gpu/test_dspark_draft_gpu.py).
+#       vLLM's drafts to the training forward's (tests/gpu/test_dspark_draft_gpu.py); profile times a decode
+#       step's phases, plain and with DSpark (bench/live/profile_step.py).
 set -euo pipefail
 
 root=/tmp/sparkseal-stage
@@ -133,6 +134,15 @@ run)
                     --check "plain-c1:--against $ref ${long[*]}" \
                     --check "plain-c8:--concurrency 8 --against $ref ${long[*]}" \
                     --check "plain-c32:--concurrency 32 --against $ref ${long[*]}"
+                ;;
+            profile)
+                # Where a decode step's time goes, plain and with DSpark (bench/live/profile_step.py).
+                for mode in plain dspark; do
+                    PYTHONPATH="$root/ours:$root/deps:$PWD" "$python" bench/live/profile_step.py --model-dir "$model" \
+                        --mode "$mode" --out "$results/profile-$mode.json" >"$results/profile-$mode.log" 2>&1 ||
+                        failed+=("profile-$mode")
+                    tail -1 "$results/profile-$mode.log"
+                done
                 ;;
             ours | upstream)
                 site=$root/ours
