@@ -25,7 +25,8 @@ FORMAT = "sparkseal-dspark-replay/1"
 
 @dataclass
 class Tally:
-    """Counts over the draft steps a worker ran, field by field.
+    """Counts over the draft steps a worker ran, field by field. Row counts are summed over the draft's
+    KV-cache groups (one for a Qwen3 draft; DeepSeek V4's draft has several, each with its own slots).
 
     steps: draft steps of real requests (``propose`` outside warm-up).
     warmup_steps: warm-up and graph-capture draft steps (``dummy_run``).
