@@ -106,6 +106,29 @@ run)
         "$python" bench/live/serve.py --model-dir "$model" --load-format "$format" --out "$results" "$@" ||
             failed+=("$2")
     }
+    # The site a wheel's server runs from: ours, or the unpatched upstream wheel's.
+    site_of() {
+        if [ "$1" = upstream ]; then echo "$root/upstream-site"; else echo "$root/ours"; fi
+    }
+    # A live-check report against what was expected of it (pass; kind=K: a finding of kind K; only=STEP:
+    # findings, all of step STEP), with a line for the reader; a report that does not meet it fails the run.
+    judge() {
+        "$python" - "$results/$1.json" "$2" <<'PY' || failed+=("$1 (expected $2)")
+import json, sys
+path, expect = sys.argv[1], sys.argv[2]
+report = json.load(open(path))
+found = [(f["check"], f["kind"]) for f in report["findings"]]
+print(path.rsplit("/", 1)[-1], "pass" if report["ok"] else found,
+      {s["name"]: s.get("figures") for s in report["steps"] if s["name"] in ("draft-fit", "speculation", "soak")})
+if expect == "pass":
+    met = report["ok"]
+elif expect.startswith("kind="):
+    met = any(kind == expect[5:] for _, kind in found)
+else:
+    met = bool(found) and all(check == expect.removeprefix("only=") for check, _ in found)
+sys.exit(0 if met else 1)
+PY
+    }
     ref=$results/reference.json
     long=(--long-prompt-tokens 2048 --vocab 100:1000)
     held=(--prompts "$model/prompts.json" --soak "${SOAK:-64}" --max-tokens "${MAX_TOKENS:-128}")
@@ -145,8 +168,7 @@ run)
                 done
                 ;;
             ours | upstream)
-                site=$root/ours
-                [ "$phase" = upstream ] && site=$root/upstream-site
+                site=$(site_of "$phase")
                 serve --name "$phase-dspark-seqs32" --site "$site" --site "$root/deps" --dspark --max-num-seqs 32 \
                     --check "$phase-c1:--speculation required --against $ref ${long[*]} ${floors[*]}" \
                     --check "$phase-requests:--speculation required --against $ref ${long[*]} ${floors[*]} --min-request-accepted-length ${FLOOR_REQUEST:-1.0}" \
@@ -167,8 +189,7 @@ run)
                 --check "plain-conc8:--concurrency 8 --against $ref ${long[*]}"
             ;;
         ours | upstream)
-            site=$root/ours
-            [ "$phase" = upstream ] && site=$root/upstream-site
+            site=$(site_of "$phase")
             serve --name "$phase-dspark-seqs1" --site "$site" --site "$root/deps" --dspark --max-num-seqs 1 \
                 --check "$phase-dspark-seqs1:--speculation required --against $ref ${long[*]}"
             serve --name "$phase-dspark-seqs8" --site "$site" --site "$root/deps" --dspark --max-num-seqs 8 \
@@ -178,10 +199,8 @@ run)
             # Patch 0001's check, both ways: tests/gpu/test_dspark_replay_gpu.py passes on our wheel and must
             # fail, naming what the draft step wrote where, on the unpatched upstream wheel.
             for wheel in ours upstream; do
-                site=$root/ours
-                [ "$wheel" = upstream ] && site=$root/upstream-site
                 rc=0
-                PYTHONPATH="$site:$root/deps:$PWD" "$python" -m pytest -m gpu tests/gpu/test_dspark_replay_gpu.py \
+                PYTHONPATH="$(site_of "$wheel"):$root/deps:$PWD" "$python" -m pytest -m gpu tests/gpu/test_dspark_replay_gpu.py \
                     -q -s -p no:cacheprovider >"$results/replay-$wheel.log" 2>&1 || rc=$?
                 echo "replay-$wheel: pytest exit $rc"
                 telling="dspark replay probe|AssertionError|draft K/V|padded sample rows|null block"
@@ -204,14 +223,10 @@ run)
                 --name fit-dspark --site "$root/ours" --site "$root/deps" --dspark --max-num-seqs 8 \
                 --check "fit:--draft-config $model/draft/config.json --min-position-acceptance 0,0,0,0,0 $fit_args" \
                 --check "fit-eos:--stop-at-eos $fit_args" \
-                --check "misfit:--draft-config $misfit $fit_args" || true  # misfit must fail: judged below
-            for name in fit fit-eos misfit; do
-                "$python" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r["ok"], [f["kind"] for f in r["findings"]], {s["name"]: s.get("figures") for s in r["steps"] if s["name"] in ("draft-fit", "speculation", "soak")})' \
-                    "$results/$name.json" "$name" || failed+=("$name unreadable")
-            done
-            "$python" -c 'import json,sys; assert json.load(open(sys.argv[1]))["ok"]' "$results/fit.json" || failed+=("fit")
-            "$python" -c 'import json,sys; assert json.load(open(sys.argv[1]))["ok"]' "$results/fit-eos.json" || failed+=("fit-eos")
-            grep -q '"kind": "draft-mismatch"' "$results/misfit.json" || failed+=("misfit (expected draft-mismatch)")
+                --check "misfit:--draft-config $misfit $fit_args" || true  # misfit must fail: judged next
+            judge fit pass
+            judge fit-eos pass
+            judge misfit kind=draft-mismatch
             ;;
         reference | reference-ours | reference-upstream)
             # The reference validation (live-check --profile reference) on the seeded model stretched to a
@@ -228,20 +243,14 @@ run)
             wheels="ours upstream"
             [ "$phase" = reference ] || wheels=${phase#reference-}
             for wheel in $wheels; do
-                site=$root/ours
-                [ "$wheel" = upstream ] && site=$root/upstream-site
+                # Our wheel must pass, the unpatched one fail through the replay step alone (judge).
                 "$python" bench/live/serve.py --model-dir "$long_model" --load-format safetensors --out "$results" \
-                    --name "reference-$wheel" --site "$site" --site "$root/deps" --dspark \
+                    --name "reference-$wheel" --site "$(site_of "$wheel")" --site "$root/deps" --dspark \
                     --draft-sample-method probabilistic --max-num-seqs 1 --max-model-len 1048576 \
                     --vllm-arg=--max-num-batched-tokens=4096 --start-deadline 600 \
                     --env SPARKSEAL_DSPARK_REPLAY=1 --env VLLM_SERVER_DEV_MODE=1 \
-                    --check "reference-$wheel:--profile reference --dspark-replay --teardown-pid {pid}" || {
-                    # The unpatched wheel must fail, through the replay step and nothing else.
-                    if [ "$wheel" = ours ]; then failed+=("reference-ours"); fi
-                }
-                if [ "$wheel" = upstream ] && ! grep -q '"check": "dspark-replay"' "$results/reference-upstream.json"; then
-                    failed+=("reference-upstream (expected a dspark-replay finding)")
-                fi
+                    --check "reference-$wheel:--profile reference --dspark-replay --teardown-pid {pid}" || true # judged next
+                if [ "$wheel" = ours ]; then judge reference-ours pass; else judge reference-upstream only=dspark-replay; fi
             done
             ;;
         tp2)

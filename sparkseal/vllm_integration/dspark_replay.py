@@ -167,6 +167,8 @@ def install() -> bool:
 def null_block_bytes(speculator: Any) -> dict[str, int]:
     """Non-zero bytes of block 0 in each draft attention layer's KV cache. The block index is the cache
     tensor's dimension of ``num_blocks`` entries (its place differs between attention backends)."""
+    import torch
+
     context = speculator.vllm_config.compilation_config.static_forward_context
     num_blocks = int(speculator.kv_cache_config.num_blocks)
     counts = {}
@@ -176,11 +178,5 @@ def null_block_bytes(speculator: Any) -> dict[str, int]:
             cache = cache[0]
         dim = list(cache.shape).index(num_blocks)
         block = cache.select(dim, 0)
-        counts[name] = int((block.contiguous().view(-1).view(dtype=_byte_dtype()) != 0).sum())
+        counts[name] = int((block.contiguous().view(-1).view(dtype=torch.uint8) != 0).sum())
     return counts
-
-
-def _byte_dtype() -> Any:
-    import torch
-
-    return torch.uint8

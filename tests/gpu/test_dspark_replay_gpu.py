@@ -22,13 +22,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "live"))
 
-import test_model  # noqa: E402
+import test_model
 
-from sparkseal.core.dspark_replay import RPC_METHOD, findings  # noqa: E402
+from sparkseal.core.dspark_replay import RPC_METHOD, findings
 
 pytestmark = pytest.mark.gpu
 

@@ -52,7 +52,7 @@ class Behaviour:
     rank_step: float = 1.0  # and between each further rank and the one before it
     cache_rank: int | None = None  # a repeated prompt takes the token of this rank at position 3
     accepted_per_draft: int = 2  # of 5 drafted tokens per draft step
-    speculative_tokens: int = 5  # positions of vllm:spec_decode_num_accepted_tokens_per_pos
+    speculative_tokens: int = 5  # drafted per step; positions of vllm:spec_decode_num_accepted_tokens_per_pos
     stops_at: int | None = None  # without ignore_eos, completions end after this many tokens
     weak_request: int | None = None  # the n-th distinct prompt accepts weak_accepted_per_draft instead
     weak_accepted_per_draft: int = 0
@@ -78,6 +78,7 @@ class Behaviour:
     rpc_calls: list[dict[str, Any]] = field(default_factory=list)
     seen_prompts: list[tuple[int, ...]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    accepted_per_position: dict[int, float] = field(default_factory=dict)  # position -> accepted tokens
     histograms: dict[str, float] = field(default_factory=dict)  # sample name (…_sum, …_count) -> value
 
 
@@ -183,17 +184,16 @@ class FakeServer:
         lines.append(f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 0.0')
         with self._lock:
             counters = dict(b.counters)
+            per_position = dict(b.accepted_per_position)
         if b.speculation:  # vLLM registers the counters at start-up, so they exist at 0 before any draft
             for name in SPEC_COUNTERS:
                 counters.setdefault(name, 0.0)
-        if b.speculation:  # one series per position, all created at start-up as vLLM does
+            # One series per position of the draft block, all of them created at start-up too.
             family = "vllm:spec_decode_num_accepted_tokens_per_pos"
             lines.append(f"# TYPE {family} counter")
             for position in range(b.speculative_tokens):
-                value = counters.pop(f"{family}@{position}", 0.0)
                 labels = f'engine="0",model_name="{MODEL}",position="{position}"'
-                lines.append(f"{family}_total{{{labels}}} {value}")
-        counters = {k: v for k, v in counters.items() if "@" not in k}
+                lines.append(f"{family}_total{{{labels}}} {per_position.get(position, 0.0)}")
         for name, value in sorted(counters.items()):
             if name.startswith("vllm:spec_decode") and not b.speculation:
                 continue
@@ -262,11 +262,11 @@ class FakeServer:
                 weak = b.weak_request is not None and distinct_index == b.weak_request
                 per_step = b.weak_accepted_per_draft if weak else b.accepted_per_draft
                 self._count("vllm:spec_decode_num_drafts", steps)
-                self._count("vllm:spec_decode_num_draft_tokens", 5 * steps)
+                self._count("vllm:spec_decode_num_draft_tokens", b.speculative_tokens * steps)
                 self._count("vllm:spec_decode_num_accepted_tokens", per_step * steps)
                 # A token is accepted at a position only where every one before it was.
                 for position in range(min(per_step, b.speculative_tokens)):
-                    self._count(f"vllm:spec_decode_num_accepted_tokens_per_pos@{position}", steps)
+                    b.accepted_per_position[position] = b.accepted_per_position.get(position, 0.0) + steps
             if tokens:
                 for name, value in (
                     ("vllm:request_generation_tokens_sum", len(tokens)),

@@ -126,7 +126,7 @@ def test_the_per_position_family_is_kept_by_position_beside_its_sum() -> None:
 
 def test_the_curve_is_the_checks_own_deltas_per_draft_step() -> None:
     with FakeServer(Behaviour(accepted_per_draft=2)) as server:
-        server.behaviour.counters[f"{PER_POS}@0"] = 1000.0  # a server-lifetime total before the check
+        server.behaviour.accepted_per_position[0] = 1000.0  # a server-lifetime total before the check
         report = check(server)
     assert report.ok, report.findings
     assert report.step("speculation").figures["accepted_per_position"] == [1.0, 1.0, 0.0, 0.0, 0.0]
