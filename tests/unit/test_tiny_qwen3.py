@@ -296,3 +296,10 @@ def test_stretch_sets_the_context_of_both_configurations_and_nothing_else(tmp_pa
         assert after == {**config, "max_position_embeddings": 1_048_576}
     with pytest.raises(SystemExit, match=r"absent/target/config\.json: no such configuration"):
         test_model.stretch(tmp_path / "absent", 1_048_576)
+
+
+def test_without_out_or_stretch_there_is_nothing_to_write(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as raised:
+        test_model.main([])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err.endswith("error: give --out DIR (or --stretch DIR)\n")
